@@ -1,0 +1,140 @@
+"""The one small contract between crossrl and an engine.
+
+An engine adapter gets a :class:`~crossrl.scenarios.spec.Trial` and a :class:`MetricSink`; it builds
+its engine, calls ``sink.start_clock()`` once set-up is done, trains until ``sink.exhausted``, and
+calls ``sink.point(...)`` after every training iteration. The sink, not the engine, computes the
+derived metrics (throughput, episode statistics) so that every engine is measured the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from crossrl.core import metrics as M
+from crossrl.scenarios.spec import Trial
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """One engine. Implementations live one per module in ``crossrl.adapters``."""
+
+    engine: ClassVar[str]
+
+    def run(self, trial: Trial, sink: MetricSink) -> None:
+        """Train ``trial`` until ``sink.exhausted``; report every iteration through ``sink.point``."""
+        ...
+
+
+class MetricSink:
+    """Turns an engine's per-iteration report into common metric points.
+
+    Subclasses decide where points go (:meth:`_emit`): a pipe to the runner, or a list in tests.
+    ``episode_return_mean`` is the mean over the episodes completed since the previous point (absent
+    from a point when none completed); ``sample_throughput`` is env steps sampled over the interval's
+    wall seconds, learning included, for every engine alike.
+    """
+
+    def __init__(self, trial: Trial) -> None:
+        self.trial = trial
+        self._t0 = time.perf_counter()
+        self._last_t = self._t0
+        self._last_sampled = 0
+        self._last_trained = 0
+        self._episodes = 0
+        self.env_steps_sampled = 0
+        self.setup_s: float | None = None
+
+    # -- called by adapters ------------------------------------------------------------------
+    def start_clock(self) -> None:
+        """Set-up is done; wall time (and time to target) counts from here."""
+        now = time.perf_counter()
+        self.setup_s = now - self._t0
+        self._t0 = self._last_t = now
+        self._emit({"kind": "setup", "setup_s": self.setup_s})
+
+    @property
+    def exhausted(self) -> bool:
+        """True once the env-step budget is sampled."""
+        return self.env_steps_sampled >= self.trial.budget.env_steps
+
+    def point(
+        self,
+        *,
+        env_steps_sampled: int,
+        env_steps_trained: int | None = None,
+        episode_returns: Sequence[float] = (),
+        episode_lengths: Sequence[int] = (),
+        values: Mapping[str, float] | None = None,
+    ) -> None:
+        """Record one iteration. ``env_steps_*`` are cumulative; episodes are those completed since the last call.
+
+        ``values`` carries the other common metrics the engine knows (losses, entropy, timings,
+        ``worker_restarts``), already translated to the names in :mod:`crossrl.core.metrics`.
+        """
+        now = time.perf_counter()
+        dt = max(now - self._last_t, 1e-9)
+        trained = env_steps_trained if env_steps_trained is not None else env_steps_sampled
+        out: dict[str, float] = {}
+        for k, v in (values or {}).items():
+            if k not in M.POINT_METRICS:
+                raise KeyError(f"{k!r} is not a common metric name (crossrl.core.metrics)")
+            if v is not None and math.isfinite(float(v)):
+                out[k] = float(v)
+        out[M.ENV_STEPS_SAMPLED] = float(env_steps_sampled)
+        out[M.ENV_STEPS_TRAINED] = float(trained)
+        out[M.WALL_TIME_S] = now - self._t0
+        out[M.SAMPLE_THROUGHPUT] = (env_steps_sampled - self._last_sampled) / dt
+        out[M.TRAIN_THROUGHPUT] = (trained - self._last_trained) / dt
+        self._episodes += len(episode_returns)
+        out[M.EPISODES_TOTAL] = float(self._episodes)
+        if len(episode_returns):
+            out[M.EPISODE_RETURN_MEAN] = float(sum(episode_returns) / len(episode_returns))
+            out["episodes_this_point"] = float(len(episode_returns))
+        if len(episode_lengths):
+            out[M.EPISODE_LEN_MEAN] = float(sum(episode_lengths) / len(episode_lengths))
+        self._last_t, self._last_sampled, self._last_trained = now, env_steps_sampled, trained
+        self.env_steps_sampled = env_steps_sampled
+        self._emit({"kind": "point", "step": int(env_steps_sampled), "values": out})
+
+    def native_config(self, config: Mapping[str, Any]) -> None:
+        """The engine's resolved native config, stored as an artifact for audit."""
+        self._emit({"kind": "native_config", "config": _jsonable(config)})
+
+    def tags(self, **tags: str) -> None:
+        """Extra tags for the trial's run, e.g. ``engine_version``."""
+        self._emit({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}})
+
+    # -- transport -------------------------------------------------------------------------------
+    def _emit(self, message: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class ListSink(MetricSink):
+    """Keeps every message in memory (tests, in-process runs)."""
+
+    def __init__(self, trial: Trial) -> None:
+        super().__init__(trial)
+        self.messages: list[dict[str, Any]] = []
+
+    def _emit(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    @property
+    def points(self) -> list[dict[str, float]]:
+        return [m["values"] for m in self.messages if m["kind"] == "point"]
+
+
+def _jsonable(obj: Any) -> Any:
+    """Best-effort conversion of a native config to JSON types (unknown objects become their repr)."""
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in obj]
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    return repr(obj)

@@ -1,0 +1,114 @@
+"""Which engines exist, what each can run, and how to load one (lazily: `crossrl --help` stays instant).
+
+The capability matrix is data, so a spec can be checked before any engine is imported. Extra
+engines (a user's own training stack, or the tests' fault-injecting one) are registered with
+``CROSSRL_EXTRA_ENGINES="id=package.module:Class[,id2=...]"``; such a class may declare
+``algorithms: ClassVar[dict[str, str]]`` (supported algorithm -> note), else it takes every algorithm.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+
+from crossrl.core.catalog import ALGORITHMS
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    id: str
+    target: str  # "module:Class"
+    description: str
+    supported: dict[str, str]  # algorithm -> how the engine runs it
+    unsupported: dict[str, str] = field(default_factory=dict)  # algorithm -> why not
+    builtin: bool = True
+
+    def reason_unsupported(self, algorithm: str) -> str | None:
+        if algorithm in self.supported:
+            return None
+        return self.unsupported.get(algorithm, f"{self.id} has no {algorithm}")
+
+
+BUILTIN: dict[str, EngineInfo] = {
+    "crossrl": EngineInfo(
+        id="crossrl",
+        target="crossrl.adapters.crossrl:CrossrlAdapter",
+        description="crossrl's own core on Ray (RLlib paper: policy graph, evaluator actors, optimizers)",
+        supported={
+            "ppo": "sync_samples (or async_gradients)",
+            "a2c": "sync_samples (or async_gradients)",
+            "a3c": "async_gradients (or sync_samples)",
+            "impala": "async_samples + V-trace (or sync_samples)",
+            "dqn": "sync_replay, uniform or prioritized (or async_replay)",
+            "apex": "async_replay: replay shard actors, per-worker epsilons (or sync_replay)",
+        },
+    ),
+    "rllib": EngineInfo(
+        id="rllib",
+        target="crossrl.adapters.rllib:RllibAdapter",
+        description="Ray RLlib 2.60, new API stack, through AlgorithmConfig",
+        supported={
+            "ppo": "PPO: env runners sample synchronously, local learner",
+            "impala": "IMPALA: async env runners, V-trace, learner sized to fit the CPUs",
+            "dqn": "DQN: env runners + episode replay buffer",
+        },
+        unsupported={
+            "a2c": "RLlib 2.60 has no A2C (removed from RLlib; rllib_contrib only)",
+            "a3c": "RLlib 2.60 has no A3C (removed from RLlib; rllib_contrib only)",
+            "apex": "RLlib 2.60 has no Ape-X DQN on the new API stack (removed)",
+        },
+    ),
+    "torchrl": EngineInfo(
+        id="torchrl",
+        target="crossrl.adapters.torchrl:TorchrlAdapter",
+        description="TorchRL 0.14: collectors, losses and value estimators",
+        supported={
+            "ppo": "ClipPPOLoss + GAE; Collector / MultiSyncCollector",
+            "a2c": "A2CLoss + GAE; Collector / MultiSyncCollector",
+            "a3c": "A2CLoss + GAE; MultiAsyncCollector (asynchronous collection)",
+            "impala": "A2C-style loss with the VTrace value estimator; MultiAsyncCollector",
+            "dqn": "DQNLoss + uniform ReplayBuffer",
+        },
+        unsupported={
+            "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
+        },
+    ),
+}
+
+
+def _extra_engines() -> dict[str, EngineInfo]:
+    spec = os.environ.get("CROSSRL_EXTRA_ENGINES", "").strip()
+    out: dict[str, EngineInfo] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        engine_id, sep, target = item.partition("=")
+        if not sep or ":" not in target:
+            raise ValueError(f"CROSSRL_EXTRA_ENGINES: {item!r} must look like id=package.module:Class")
+        cls = load_target(target)
+        algorithms = getattr(cls, "algorithms", None) or {a: "plugin" for a in ALGORITHMS}
+        out[engine_id] = EngineInfo(
+            id=engine_id,
+            target=target,
+            description=(cls.__doc__ or "extra engine").strip().splitlines()[0],
+            supported=dict(algorithms),
+            builtin=False,
+        )
+    return out
+
+
+def engines() -> dict[str, EngineInfo]:
+    return {**BUILTIN, **_extra_engines()}
+
+
+def engine_ids() -> list[str]:
+    return list(engines())
+
+
+def load_target(target: str) -> type:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def load_adapter(engine_id: str):  # -> Adapter
+    """Import the engine's adapter module (heavy) and return an instance."""
+    return load_target(engines()[engine_id].target)()

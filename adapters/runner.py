@@ -1,0 +1,325 @@
+"""Runs a scenario's trials, each in its own child process, and records every one in the store.
+
+Isolation: one process (and its own Ray cluster, torch threads, memory) per trial, in its own
+session, so a crash, a hang or an engine's global state cannot touch the next trial. The runner
+enforces the wall-clock budget (TIMEOUT), keeps partial metrics (points are streamed as they come),
+records FAILED with the traceback and goes on, and on Ctrl-C marks the running trial KILLED and stops.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import selectors
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from crossrl.core import metrics as M
+from crossrl.core.cluster import LOCAL_RAY_ENV
+from crossrl.reports.store import ResultsStore
+from crossrl.scenarios.loader import require_supported, unsupported
+from crossrl.scenarios.spec import ScenarioSpec, Trial
+
+FLUSH_EVERY_S = 5.0  # buffered points reach the store at least this often
+FLUSH_EVERY_POINTS = 200
+KILL_GRACE_S = 5.0
+
+
+@dataclass
+class TrialResult:
+    trial: Trial
+    run_id: str
+    status: str
+    reason: str = ""
+    points: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    summary: dict[str, float | None] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def env_steps(self) -> int:
+        return self.points[-1][0] if self.points else 0
+
+    @property
+    def median_throughput(self) -> float | None:
+        vals = [p[M.SAMPLE_THROUGHPUT] for _, p in self.points if M.SAMPLE_THROUGHPUT in p]
+        return statistics.median(vals) if vals else None
+
+
+@dataclass
+class RunOutcome:
+    parent_id: str
+    experiment_id: str
+    results: list[TrialResult]
+    interrupted: bool = False
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.results:
+            out[r.status] = out.get(r.status, 0) + 1
+        return out
+
+
+Progress = Callable[[str, dict[str, Any]], None]  # event name, payload
+
+
+def summarize(
+    points: list[tuple[int, dict[str, float]]], *, target: float | None, setup_s: float | None
+) -> dict[str, float | None]:
+    """Per-trial summary from the points alone, the same way for every engine.
+
+    ``final_return_mean``: mean return over the episodes completed in the last 10% of the env steps
+    sampled (each point's mean weighted by its episode count). ``steps_to_target``: env steps at the
+    first point whose episode_return_mean >= target (absent when never reached).
+    """
+    out: dict[str, float | None] = {"setup_s": setup_s}
+    with_return = [(s, p) for s, p in points if M.EPISODE_RETURN_MEAN in p]
+    if with_return:
+        last = with_return[-1][0]
+        tail = [(s, p) for s, p in with_return if s >= 0.9 * last] or with_return[-1:]
+        weights = [p.get("episodes_this_point", 1.0) for _, p in tail]
+        out[M.FINAL_RETURN_MEAN] = sum(
+            w * p[M.EPISODE_RETURN_MEAN] for w, (_, p) in zip(weights, tail, strict=True)
+        ) / sum(weights)
+    if target is not None:
+        hit = next(((s, p) for s, p in with_return if p[M.EPISODE_RETURN_MEAN] >= target), None)
+        if hit:
+            out[M.STEPS_TO_TARGET] = float(hit[0])
+            out[M.WALL_S_TO_TARGET] = hit[1].get(M.WALL_TIME_S)
+    return out
+
+
+class _TreeMeter:
+    """Peak RSS and CPU seconds of a process and all its descendants (Ray's workers included)."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.peak_rss = 0
+        self._cpu: dict[int, float] = {}
+        self.known: dict[int, psutil.Process] = {}
+
+    def sample(self) -> None:
+        try:
+            procs = [self.root, *self.root.children(recursive=True)]
+        except psutil.Error:
+            return
+        rss = 0
+        for p in procs:
+            try:
+                with p.oneshot():
+                    rss += p.memory_info().rss
+                    t = p.cpu_times()
+                    self._cpu[p.pid] = t.user + t.system
+                self.known[p.pid] = p
+            except psutil.Error:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self._cpu.values())
+
+    def kill_all(self) -> None:
+        """SIGTERM the tree, then SIGKILL what is left after a grace period."""
+        self.sample()
+        procs = [p for p in self.known.values() if p.is_running()]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for p in procs:
+                try:
+                    p.send_signal(sig)
+                except psutil.Error:
+                    pass
+            _, procs = psutil.wait_procs(procs, timeout=KILL_GRACE_S)
+            if not procs:
+                return
+
+
+def child_env() -> dict[str, str]:
+    env = {**os.environ, **LOCAL_RAY_ENV, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    return env
+
+
+def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progress, log_dir: Path) -> TrialResult:
+    """One trial in a child process; the store always ends with the trial's status and what it logged."""
+    result = TrialResult(trial=trial, run_id=run_id, status="FAILED")
+    log_path = log_dir / f"{trial.name}.log"
+    read_fd, write_fd = os.pipe()
+    t0 = time.perf_counter()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "crossrl.adapters.trial_proc", str(write_fd)],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            env=child_env(),
+        )
+    os.close(write_fd)
+    assert proc.stdin is not None
+    proc.stdin.write(trial.model_dump_json().encode())
+    proc.stdin.close()
+    meter = _TreeMeter(proc.pid)
+    sel = selectors.DefaultSelector()
+    sel.register(read_fd, selectors.EVENT_READ)
+    pending: list[tuple[int, dict[str, float]]] = []
+    last_flush = time.perf_counter()
+    partial = b""
+    setup_s: float | None = None
+    error: dict[str, str] | None = None
+    done = False
+    extra_tags: dict[str, str] = {}
+    deadline = t0 + trial.budget.wall_seconds
+
+    def flush() -> None:
+        nonlocal pending, last_flush
+        if pending:
+            store.log_points(run_id, pending)
+            pending = []
+        last_flush = time.perf_counter()
+
+    def handle(msg: dict[str, Any]) -> None:
+        nonlocal setup_s, error, done
+        kind = msg.get("kind")
+        if kind == "point":
+            step, values = int(msg["step"]), msg["values"]
+            result.points.append((step, values))
+            pending.append((step, values))
+            progress("point", {"trial": trial, "step": step, "values": values})
+        elif kind == "setup":
+            setup_s = float(msg["setup_s"])
+        elif kind == "tags":
+            extra_tags.update(msg["tags"])
+            store.set_tags(run_id, msg["tags"])
+        elif kind == "native_config":
+            store.log_native_config(run_id, msg["config"])
+        elif kind == "error":
+            error = msg
+        elif kind == "done":
+            done = True
+
+    eof = False
+    try:
+        while not eof:
+            if time.perf_counter() > deadline:
+                meter.kill_all()
+                result.status = "TIMEOUT"
+                result.reason = f"wall-clock budget of {trial.budget.wall_seconds:g} s exceeded"
+                break
+            for _key, _ in sel.select(timeout=0.5):
+                chunk = os.read(read_fd, 1 << 16)
+                if not chunk:
+                    eof = True
+                    break
+                partial += chunk
+                *lines, partial = partial.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        handle(json.loads(line))
+            meter.sample()
+            if len(pending) >= FLUSH_EVERY_POINTS or time.perf_counter() - last_flush > FLUSH_EVERY_S:
+                flush()
+        else:
+            try:
+                code = proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                meter.kill_all()
+                code = proc.wait()
+            if done and code == 0:
+                result.status = "FINISHED"
+            elif error is not None:
+                result.status, result.reason = "FAILED", error["error"]
+            else:
+                result.status = "FAILED"
+                result.reason = f"trial process exited with code {code} without reporting an error (crash?)"
+    except KeyboardInterrupt:
+        meter.kill_all()
+        result.status, result.reason = "KILLED", "interrupted (Ctrl-C)"
+        raise
+    finally:
+        sel.close()
+        os.close(read_fd)
+        if proc.poll() is None:
+            meter.kill_all()
+        result.wall_s = time.perf_counter() - t0
+        result.summary = summarize(result.points, target=trial.target_return, setup_s=setup_s)
+        result.summary[M.PEAK_RSS_MB] = meter.peak_rss / 2**20
+        result.summary[M.CPU_SECONDS] = meter.cpu_seconds
+        flush()
+        if error is not None:
+            store.log_text(run_id, error["traceback"], "traceback.txt")
+        store.log_file(run_id, log_path)
+        store.finish_trial(
+            run_id,
+            status=result.status,
+            reason=result.reason,
+            summary=result.summary,
+            history=result.points,
+            last_step=result.env_steps,
+        )
+        progress("trial_end", {"result": result})
+    return result
+
+
+def run_scenario(
+    spec: ScenarioSpec,
+    *,
+    store: ResultsStore,
+    spec_path: Path | None = None,
+    ray_address: str | None = None,
+    skip_unsupported: bool = False,
+    progress: Progress | None = None,
+    command: str = "",
+) -> RunOutcome:
+    """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
+
+    Raises ``SpecError`` before anything is stored when a trial is unsupported and
+    ``skip_unsupported`` is false. A KeyboardInterrupt marks the running trial KILLED and returns
+    with ``interrupted=True``; trials already finished stay as they are.
+    """
+    trials = spec.trials(ray_address=ray_address)
+    if not skip_unsupported:
+        require_supported(trials)
+    bad = {t.name: reason for t, reason in unsupported(trials)}
+    notify = progress or (lambda _event, _payload: None)
+    parent_id = store.start_parent(spec, spec_path=spec_path, command=command)
+    experiment_id = store.experiment_id(spec.name)
+    assert experiment_id is not None
+    outcome = RunOutcome(parent_id=parent_id, experiment_id=experiment_id, results=[])
+    notify("start", {"trials": trials, "parent_id": parent_id})
+    with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
+        for index, trial in enumerate(trials):
+            run_id = store.start_trial(parent_id, trial, spec=spec)
+            if trial.name in bad:
+                store.finish_trial(run_id, status="SKIPPED", reason=bad[trial.name])
+                result = TrialResult(trial=trial, run_id=run_id, status="SKIPPED", reason=bad[trial.name])
+                outcome.results.append(result)
+                notify("trial_end", {"result": result})
+                continue
+            notify("trial_start", {"trial": trial, "index": index, "total": len(trials)})
+            try:
+                outcome.results.append(_run_one(trial, store=store, run_id=run_id, progress=notify, log_dir=Path(tmp)))
+            except KeyboardInterrupt:
+                outcome.results.append(
+                    TrialResult(trial=trial, run_id=run_id, status="KILLED", reason="interrupted (Ctrl-C)")
+                )
+                outcome.interrupted = True
+                break
+    status = "KILLED" if outcome.interrupted else "FINISHED"
+    store.finish_parent(parent_id, status=status, counts=outcome.counts())
+    return outcome
+
+
+def finite(x: float | None) -> bool:
+    return x is not None and math.isfinite(x)

@@ -1,0 +1,260 @@
+"""The `crossrl` command: thin; each command parses, calls one library function, prints.
+
+Engines and heavy libraries are imported inside the commands, so `crossrl --help` answers at once.
+Exit codes: 0 success, 1 a trial failed / a regression, 2 unusable input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(
+    name="crossrl",
+    help="Run one RL scenario on several distributed engines (crossrl, rllib, torchrl) and compare them.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+TrackingUri = Annotated[
+    str | None,
+    typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: embedded store)"),
+]
+ResultsDir = Annotated[Path, typer.Option("--results-dir", help="folder of the embedded store (sqlite + artifacts)")]
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def _fail(problems: list[str], code: int = 2) -> None:
+    for line in problems:
+        typer.echo(f"error: {line}", err=True)
+    raise typer.Exit(code)
+
+
+def _csv_ints(text: str | None, flag: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        _fail([f"{flag}: {text!r} must be comma-separated integers, e.g. 1,2"])
+    return None
+
+
+def _version(value: bool) -> None:
+    if value:
+        import crossrl
+
+        typer.echo(f"crossrl {crossrl.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """crossrl: a cross-framework comparison suite for distributed reinforcement learning."""
+
+
+def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
+    from crossrl.scenarios.loader import SpecError, load
+
+    try:
+        return load(spec, overrides=overrides)
+    except SpecError as e:
+        _fail(e.problems)
+
+
+@app.command()
+def validate(spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")]) -> None:
+    """Check a scenario spec: fields, values, env id, and what each engine can run."""
+    from crossrl.scenarios.loader import unsupported
+
+    scenario, path = _load(spec)
+    trials = scenario.trials()
+    bad = unsupported(trials)
+    typer.echo(f"{path}: ok, fingerprint {scenario.fingerprint()}, {len(trials)} trials")
+    for trial, reason in bad:
+        typer.echo(f"  unsupported: {trial.name}: {reason}")
+    if bad:
+        typer.echo("  (crossrl run refuses these unless --skip-unsupported records them as SKIPPED)")
+
+
+@app.command()
+def scenarios() -> None:
+    """List the built-in scenarios."""
+    from rich.table import Table
+
+    from crossrl.scenarios.loader import catalog, load
+
+    table = Table("name", "algorithm", "env", "engines", "workers", "seeds", "env steps")
+    for name in catalog():
+        s, _ = load(name)
+        table.add_row(
+            name,
+            s.algorithm.name,
+            s.env.id,
+            ",".join(s.engines),
+            ",".join(map(str, s.execution.workers)),
+            str(len(s.seeds)),
+            f"{s.budget.env_steps:,}",
+        )
+    console = _console()
+    console.print(table)
+    for name, path in catalog().items():
+        s, _ = load(str(path))
+        console.print(f"[bold]{name}[/bold]: {' '.join(s.description.split())}")
+
+
+@app.command()
+def engines() -> None:
+    """The capability matrix: which algorithm each engine runs, how, and why not where it does not."""
+    from rich.table import Table
+
+    from crossrl.adapters.registry import engines as all_engines
+    from crossrl.core.catalog import ALGORITHMS
+
+    infos = all_engines()
+    table = Table("algorithm", *infos, show_lines=True)
+    for algo in ALGORITHMS:
+        cells = []
+        for info in infos.values():
+            reason = info.reason_unsupported(algo)
+            cells.append(f"[red]no[/red]: {reason}" if reason else f"[green]yes[/green]: {info.supported[algo]}")
+        table.add_row(algo, *cells)
+    _console().print(table)
+
+
+@app.command()
+def run(
+    spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
+    engines_: Annotated[
+        str | None, typer.Option("--engines", help="comma-separated subset, e.g. crossrl,rllib")
+    ] = None,
+    workers: Annotated[str | None, typer.Option("--workers", help="worker counts, e.g. 1,2")] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="seeds, e.g. 0,1,2")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="env-step budget per trial")] = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="join this Ray cluster (HOST:PORT) instead of a local one")
+    ] = None,
+    skip_unsupported: Annotated[
+        bool, typer.Option("--skip-unsupported", help="record trials an engine cannot run as SKIPPED")
+    ] = False,
+    no_report: Annotated[bool, typer.Option("--no-report", help="do not render the report at the end")] = False,
+    report_dir: Annotated[Path | None, typer.Option("-o", "--report-dir", help="where the report goes")] = None,
+) -> None:
+    """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
+    from crossrl.adapters.runner import run_scenario
+    from crossrl.reports.console import RunDisplay
+    from crossrl.reports.store import ResultsStore, StoreError
+    from crossrl.scenarios.loader import SpecError, require_supported
+
+    overrides: dict[str, Any] = {}
+    if engines_:
+        overrides["engines"] = [e.strip() for e in engines_.split(",") if e.strip()]
+    if workers:
+        overrides["execution.workers"] = _csv_ints(workers, "--workers")
+    if seeds:
+        overrides["seeds"] = _csv_ints(seeds, "--seeds")
+    if steps is not None:
+        overrides["budget.env_steps"] = steps
+    scenario, path = _load(spec, overrides)
+    if not skip_unsupported:
+        try:
+            require_supported(scenario.trials())
+        except SpecError as e:
+            _fail(e.problems)
+    try:
+        store = ResultsStore(tracking_uri, results_dir=results_dir)
+    except Exception as e:  # a bad URI or an unreachable server: say which
+        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    display = RunDisplay(_console(), scenario)
+    try:
+        with display:
+            outcome = run_scenario(
+                scenario,
+                store=store,
+                spec_path=path,
+                ray_address=ray_address,
+                skip_unsupported=skip_unsupported,
+                progress=display.event,
+                command=" ".join(sys.argv),
+            )
+    except SpecError as e:
+        _fail(e.problems)
+    except StoreError as e:
+        _fail([str(e)])
+    display.summary(outcome, store)
+    if not no_report and not outcome.interrupted:
+        _render_report(
+            store, parent_id=outcome.parent_id, out_dir=report_dir or results_dir / "reports" / scenario.name
+        )
+    if outcome.interrupted:
+        raise typer.Exit(130)
+    if any(r.status in ("FAILED", "TIMEOUT") for r in outcome.results):
+        raise typer.Exit(1)
+
+
+def _render_report(store: Any, *, parent_id: str, out_dir: Path) -> None:
+    from crossrl.reports.api import make_report
+
+    paths = make_report(store, parent_id=parent_id, out_dir=out_dir)
+    typer.echo(f"report: {paths.html}")
+    typer.echo(f"        {paths.markdown}")
+
+
+@app.command()
+def report(
+    scenario: Annotated[str | None, typer.Argument(help="scenario name (its newest run)")] = None,
+    run_id: Annotated[str | None, typer.Option("--run", help="a `crossrl run` parent run id")] = None,
+    out_dir: Annotated[Path | None, typer.Option("-o", "--out", help="output folder")] = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """Render report.html, report.md and report.json for a scenario's newest run (or --run ID)."""
+    from crossrl.reports.store import ResultsStore, StoreError
+
+    if not scenario and not run_id:
+        _fail(["name a scenario or give --run PARENT_RUN_ID"])
+    store = ResultsStore(tracking_uri, results_dir=results_dir)
+    try:
+        if run_id is None:
+            parents = store.parent_runs(scenario or "")
+            if not parents:
+                _fail([f"no `crossrl run` of scenario {scenario!r} in {store.uri}"])
+            run_id = parents[0].info.run_id
+        _render_report(store, parent_id=run_id, out_dir=out_dir or results_dir / "reports" / (scenario or run_id))
+    except StoreError as e:
+        _fail([str(e)])
+
+
+@app.command()
+def ui(
+    port: Annotated[int, typer.Option("--port", help="port on 127.0.0.1")] = 5000,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """Start the MLflow UI on 127.0.0.1 over the same store and print its URL."""
+    from crossrl.reports.ui import serve
+
+    raise typer.Exit(serve(tracking_uri=tracking_uri, results_dir=results_dir, port=port))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""What the crossrl core offers, as plain data (no heavy imports: the spec validator reads it).
+
+An algorithm is a loss plus a default policy optimizer; the RLlib paper's point is that the same
+loss runs under several execution strategies, so each algorithm lists every optimizer it accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+ALGORITHMS: Final = ("ppo", "a2c", "a3c", "impala", "dqn", "apex")
+
+OPTIMIZERS: Final = {
+    "sync_samples": "synchronous sampling: broadcast weights, gather samples, SGD on the driver",
+    "async_gradients": "asynchronous gradients (A3C): workers compute gradients, the driver applies each",
+    "async_samples": "asynchronous sampling (IMPALA): stale-weight samples, learner thread, V-trace",
+    "sync_replay": "synchronous replay (DQN): replay buffer on the driver, target network",
+    "async_replay": "distributed prioritized replay (Ape-X): replay shard actors, learner thread",
+}
+
+DEFAULT_OPTIMIZER: Final = {
+    "ppo": "sync_samples",
+    "a2c": "sync_samples",
+    "a3c": "async_gradients",
+    "impala": "async_samples",
+    "dqn": "sync_replay",
+    "apex": "async_replay",
+}
+
+VALID_OPTIMIZERS: Final = {
+    "ppo": ("sync_samples", "async_gradients"),
+    "a2c": ("sync_samples", "async_gradients"),
+    "a3c": ("async_gradients", "sync_samples"),
+    "impala": ("async_samples", "sync_samples"),
+    "dqn": ("sync_replay", "async_replay"),
+    "apex": ("async_replay", "sync_replay"),
+}
+
+# Hyperparameter defaults per algorithm, filled in where a spec is silent. Names are crossrl's
+# shared names; each engine adapter maps them name by name (README, "Fairness").
+_ON_POLICY: dict[str, Any] = {
+    "lr": 3.0e-4,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "entropy_coeff": 0.0,
+    "vf_coeff": 0.5,
+    "grad_clip": 0.5,
+    "rollout_fragment": 64,
+}
+_REPLAY: dict[str, Any] = {
+    "lr": 5.0e-4,
+    "gamma": 0.99,
+    "train_batch": 32,
+    "buffer_size": 50_000,
+    "learning_starts": 1_000,
+    "target_update": 500,
+    "n_step": 1,
+    "epsilon_initial": 1.0,
+    "epsilon_final": 0.02,
+    "epsilon_timesteps": 10_000,
+    "grad_clip": 10.0,
+    "rollout_fragment": 4,
+    "replay_ratio": 1.0,
+    "double_q": True,
+    "prioritized_replay": False,
+    "priority_alpha": 0.6,
+    "priority_beta": 0.4,
+}
+
+HYPERPARAM_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
+    "ppo": {**_ON_POLICY, "clip": 0.2, "train_batch": 4000, "minibatch": 128, "epochs": 10, "vf_clip": 10.0},
+    "a2c": {**_ON_POLICY, "lr": 7.0e-4, "gae_lambda": 1.0, "train_batch": 500, "entropy_coeff": 0.01},
+    "a3c": {**_ON_POLICY, "lr": 7.0e-4, "gae_lambda": 1.0, "train_batch": 100, "entropy_coeff": 0.01},
+    "impala": {
+        **_ON_POLICY,
+        "lr": 5.0e-4,
+        "train_batch": 500,
+        "entropy_coeff": 0.01,
+        "vtrace_clip_rho": 1.0,
+        "vtrace_clip_c": 1.0,
+        "grad_clip": 40.0,
+        "rollout_fragment": 50,
+    },
+    "dqn": dict(_REPLAY),
+    "apex": {**_REPLAY, "n_step": 3, "prioritized_replay": True, "num_replay_shards": 2, "learning_starts": 2_000},
+}

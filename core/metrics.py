@@ -1,0 +1,62 @@
+"""The common metric names, one place, with units.
+
+Every engine's native names are translated into these (see each adapter's mapping table). Points
+are logged against ``ENV_STEPS_SAMPLED`` (the x-axis is always env steps sampled, never iterations).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Per point (one per training iteration), logged with step = env_steps_sampled.
+ENV_STEPS_SAMPLED: Final = "env_steps_sampled"  # env steps, cumulative
+ENV_STEPS_TRAINED: Final = "env_steps_trained"  # env steps, cumulative
+WALL_TIME_S: Final = "wall_time_s"  # seconds since the trial's training started
+EPISODE_RETURN_MEAN: Final = "episode_return_mean"  # mean return of episodes completed since the last point
+EPISODE_LEN_MEAN: Final = "episode_len_mean"  # env steps, same episodes as the return
+EPISODES_TOTAL: Final = "episodes_total"  # episodes completed, cumulative
+SAMPLE_THROUGHPUT: Final = "sample_throughput"  # env steps sampled / s over the interval since the last point
+TRAIN_THROUGHPUT: Final = "train_throughput"  # env steps trained / s over the interval
+TIME_SAMPLE_S: Final = "time_sample_s"  # seconds spent sampling in the interval
+TIME_LEARN_S: Final = "time_learn_s"  # seconds spent learning in the interval
+TIME_SYNC_WEIGHTS_S: Final = "time_sync_weights_s"  # seconds spent broadcasting weights in the interval
+POLICY_LOSS: Final = "policy_loss"
+VALUE_LOSS: Final = "value_loss"
+ENTROPY: Final = "entropy"  # nats
+WORKER_RESTARTS: Final = "worker_restarts"  # cumulative count of restarted workers
+
+POINT_METRICS: Final = (
+    ENV_STEPS_SAMPLED,
+    ENV_STEPS_TRAINED,
+    WALL_TIME_S,
+    EPISODE_RETURN_MEAN,
+    EPISODE_LEN_MEAN,
+    EPISODES_TOTAL,
+    SAMPLE_THROUGHPUT,
+    TRAIN_THROUGHPUT,
+    TIME_SAMPLE_S,
+    TIME_LEARN_S,
+    TIME_SYNC_WEIGHTS_S,
+    POLICY_LOSS,
+    VALUE_LOSS,
+    ENTROPY,
+    WORKER_RESTARTS,
+)
+
+# Metrics every engine must report at every point (the contract test checks these).
+REQUIRED_POINT_METRICS: Final = (
+    ENV_STEPS_SAMPLED,
+    WALL_TIME_S,
+    EPISODE_RETURN_MEAN,
+    EPISODES_TOTAL,
+    SAMPLE_THROUGHPUT,
+)
+
+# Per trial summary, computed by the runner from the points and the process tree (engine-independent).
+STEPS_TO_TARGET: Final = "steps_to_target"  # env steps at the first point whose return >= target
+WALL_S_TO_TARGET: Final = "wall_s_to_target"  # seconds, same point
+FINAL_RETURN_MEAN: Final = "final_return_mean"  # mean of the last points' returns (see runner)
+PEAK_RSS_MB: Final = "peak_rss_mb"  # MiB, the trial's whole process tree, sampled
+CPU_SECONDS: Final = "cpu_seconds"  # CPU seconds of the trial's whole process tree
+
+SUMMARY_METRICS: Final = (STEPS_TO_TARGET, WALL_S_TO_TARGET, FINAL_RETURN_MEAN, PEAK_RSS_MB, CPU_SECONDS)

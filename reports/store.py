@@ -1,0 +1,376 @@
+"""The results store: the one module that knows crossrl's MLflow layout, to write it and to read it.
+
+Layout (DESIGN.md): one experiment per scenario; one parent run per ``crossrl run`` (spec
+fingerprint, versions, machine; the spec and the report as artifacts); one child run per trial, named
+like ``rllib-ppo-w2-s0`` (flattened spec and native config as params, engine/seed/... as tags, the
+common metrics with step = env steps sampled, the native config, metric history and, on failure,
+the traceback and log as artifacts).
+
+Default: an embedded store (sqlite + artifact folder under ``./crossrl-results``); a tracking URI
+(``--tracking-uri`` or ``MLFLOW_TRACKING_URI``) selects a server instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+
+import crossrl
+from crossrl.core import metrics as M
+from crossrl.scenarios.spec import ScenarioSpec, Trial
+
+DEFAULT_RESULTS_DIR = Path("crossrl-results")
+HISTORY_ARTIFACT = "metrics.csv"
+NATIVE_CONFIG_ARTIFACT = "native_config.json"
+SPEC_ARTIFACT = "spec.json"
+
+# Our statuses, and the MLflow run status each maps to (the `status` tag keeps ours exactly).
+STATUSES = ("FINISHED", "FAILED", "KILLED", "TIMEOUT", "SKIPPED")
+_MLFLOW_STATUS = {
+    "FINISHED": "FINISHED",
+    "FAILED": "FAILED",
+    "KILLED": "KILLED",
+    "TIMEOUT": "KILLED",
+    "SKIPPED": "KILLED",
+}
+_TRIAL_TAGS = ("engine", "engine_version", "algorithm", "optimizer", "workers", "envs_per_worker", "seed")
+
+
+class StoreError(Exception):
+    """The store cannot be reached or does not hold what was asked for."""
+
+
+def resolve_tracking_uri(tracking_uri: str | None, results_dir: Path | None = None) -> str:
+    """Explicit URI, else ``MLFLOW_TRACKING_URI``, else the embedded sqlite store under ``results_dir``."""
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    folder = (results_dir or DEFAULT_RESULTS_DIR).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def is_embedded(uri: str) -> bool:
+    return uri.startswith("sqlite:")
+
+
+def versions() -> dict[str, str]:
+    """Versions of python, crossrl (with git commit) and every engine, without importing them."""
+    out = {"python": platform.python_version(), "crossrl": crossrl.__version__}
+    for dist in ("torch", "ray", "torchrl", "tensordict", "gymnasium", "mlflow"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    out["crossrl_commit"] = _git_commit()
+    return out
+
+
+def machine() -> dict[str, str]:
+    return {
+        "host": socket.gethostname(),
+        "cpu_count": str(os.cpu_count()),
+        "platform": platform.platform(),
+        "processor": platform.machine(),
+    }
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=Path(crossrl.__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": "1"}``; lists become JSON; values cut to MLflow's limit."""
+    out: dict[str, str] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flatten(v, prefix=f"{key}."))
+        else:
+            text = v if isinstance(v, str) else json.dumps(v, default=str)
+            out[key] = text[:500]
+    return out
+
+
+@dataclass
+class Loaded:
+    """What a report reads: one row per trial, the tidy metric history, and the parent's facts."""
+
+    trials: pd.DataFrame
+    points: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class ResultsStore:
+    """Writes and reads crossrl's layout through MLflow's own client (no global active-run state)."""
+
+    def __init__(self, tracking_uri: str | None = None, *, results_dir: Path | None = None) -> None:
+        self.results_dir = (results_dir or DEFAULT_RESULTS_DIR).resolve()
+        self.uri = resolve_tracking_uri(tracking_uri, self.results_dir)
+        self.client = MlflowClient(tracking_uri=self.uri)
+
+    # -- writing -----------------------------------------------------------------------------------
+    def experiment_id(self, scenario: str, *, create: bool = True) -> str | None:
+        exp = self.client.get_experiment_by_name(scenario)
+        if exp is not None:
+            if exp.lifecycle_stage == "deleted":
+                self.client.restore_experiment(exp.experiment_id)
+            return str(exp.experiment_id)
+        if not create:
+            return None
+        location = (self.results_dir / "artifacts").as_uri() if is_embedded(self.uri) else None
+        return str(self.client.create_experiment(scenario, artifact_location=location))
+
+    def start_parent(self, spec: ScenarioSpec, *, spec_path: Path | None, command: str = "") -> str:
+        exp = self.experiment_id(spec.name)
+        assert exp is not None
+        tags = {
+            "crossrl.kind": "parent",
+            "scenario": spec.name,
+            "fingerprint": spec.fingerprint(),
+            "command": command[:5000],
+            **{f"version.{k}": v for k, v in versions().items()},
+            **{f"machine.{k}": v for k, v in machine().items()},
+        }
+        run = self.client.create_run(exp, run_name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", tags=tags)
+        run_id = run.info.run_id
+        self.client.log_dict(run_id, spec.model_dump(mode="json"), SPEC_ARTIFACT)
+        self.client.log_dict(run_id, spec.canonical(), "spec_canonical.json")
+        if spec_path is not None:
+            self.client.log_text(run_id, spec_path.read_text(), f"spec_source/{spec_path.name}")
+        return str(run_id)
+
+    def start_trial(self, parent_id: str, trial: Trial, *, spec: ScenarioSpec) -> str:
+        exp = self.experiment_id(trial.scenario)
+        assert exp is not None
+        tags = {
+            "mlflow.parentRunId": parent_id,
+            "crossrl.kind": "trial",
+            "scenario": trial.scenario,
+            "fingerprint": trial.fingerprint,
+            "engine": trial.engine,
+            "algorithm": trial.algorithm,
+            "optimizer": trial.optimizer if trial.engine == "crossrl" else "native",
+            "workers": str(trial.workers),
+            "envs_per_worker": str(trial.envs_per_worker),
+            "seed": str(trial.seed),
+            "status": "RUNNING",
+            "target_return": "" if trial.target_return is None else str(trial.target_return),
+            "budget_env_steps": str(trial.budget.env_steps),
+        }
+        run = self.client.create_run(exp, run_name=trial.name, tags=tags)
+        run_id = str(run.info.run_id)
+        params = flatten(spec.model_dump(mode="json", exclude={"description"}), prefix="spec.")
+        params.update(flatten(trial.hyperparams, prefix="hp."))
+        self._log_params(run_id, params)
+        return run_id
+
+    def log_points(self, run_id: str, points: Sequence[tuple[int, Mapping[str, float]]]) -> None:
+        """Buffered points -> as few ``log_batch`` calls as MLflow's limit (1000 metrics) allows."""
+        now = int(time.time() * 1000)
+        metrics = [
+            Metric(key=k, value=float(v), timestamp=now, step=int(step))
+            for step, values in points
+            for k, v in values.items()
+            if v is not None and math.isfinite(float(v))
+        ]
+        for i in range(0, len(metrics), 1000):
+            self.client.log_batch(run_id, metrics=metrics[i : i + 1000], synchronous=True)
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, tags=items[i : i + 100], synchronous=True)
+
+    def log_native_config(self, run_id: str, config: Mapping[str, Any]) -> None:
+        self.client.log_dict(run_id, dict(config), NATIVE_CONFIG_ARTIFACT)
+        self._log_params(run_id, flatten(config, prefix="native."))
+
+    def log_text(self, run_id: str, text: str, name: str) -> None:
+        self.client.log_text(run_id, text, name)
+
+    def log_file(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def finish_trial(
+        self,
+        run_id: str,
+        *,
+        status: str,
+        reason: str = "",
+        summary: Mapping[str, float | None] | None = None,
+        history: Sequence[tuple[int, Mapping[str, float]]] = (),
+        last_step: int = 0,
+    ) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"status {status!r} is not one of {STATUSES}")
+        summary = {k: v for k, v in (summary or {}).items() if v is not None and math.isfinite(v)}
+        if summary:
+            self.log_points(run_id, [(last_step, summary)])
+        if history:
+            self.client.log_text(run_id, _history_csv(history), HISTORY_ARTIFACT)
+        self.set_tags(run_id, {"status": status, "reason": reason[:4000]})
+        self.client.set_terminated(run_id, status=_MLFLOW_STATUS[status])
+
+    def finish_parent(self, run_id: str, *, status: str, counts: Mapping[str, int]) -> None:
+        self.set_tags(run_id, {"status": status, **{f"trials.{k}": str(v) for k, v in counts.items()}})
+        self.client.set_terminated(run_id, status=_MLFLOW_STATUS.get(status, "FINISHED"))
+
+    def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        items = [Param(k[:250], v) for k, v in params.items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[i : i + 100], synchronous=True)
+
+    # -- reading -----------------------------------------------------------------------------------
+    def parent_runs(self, scenario: str) -> list[Any]:
+        """Parent runs of a scenario, newest first."""
+        exp = self.experiment_id(scenario, create=False)
+        if exp is None:
+            raise StoreError(f"no results for scenario {scenario!r} in {self.uri} (run `crossrl run {scenario}`)")
+        return list(
+            self.client.search_runs(
+                [exp], filter_string="tags.`crossrl.kind` = 'parent'", order_by=["attributes.start_time DESC"]
+            )
+        )
+
+    def load(self, *, scenario: str | None = None, parent_id: str | None = None, latest_only: bool = True) -> Loaded:
+        """Trials and metric history of one parent run (by id, or a scenario's newest), or all of a scenario's.
+
+        ``latest_only=False`` takes every parent run of the scenario (for comparisons across runs).
+        """
+        if parent_id:
+            try:
+                parents = [self.client.get_run(parent_id)]
+            except Exception as e:
+                raise StoreError(f"run {parent_id!r} not found in {self.uri}: {e}") from None
+        elif scenario:
+            parents = self.parent_runs(scenario)
+            if not parents:
+                raise StoreError(f"no `crossrl run` of scenario {scenario!r} in {self.uri}")
+            if latest_only:
+                parents = parents[:1]
+        else:
+            raise StoreError("name a scenario or a parent run id")
+        trials, frames = [], []
+        for parent in parents:
+            children = self.client.search_runs(
+                [parent.info.experiment_id],
+                filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+                max_results=5000,
+            )
+            for run in children:
+                trials.append(_trial_row(run))
+                frames.append(self._history(run))
+        points = (
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else pd.DataFrame({"run_id": [], "metric": [], "step": [], "value": []})
+        )
+        trials_df = pd.DataFrame(trials)
+        if not trials_df.empty:
+            trials_df = trials_df.sort_values(["engine", "workers", "seed"], kind="stable").reset_index(drop=True)
+        return Loaded(trials=trials_df, points=points, meta=_meta(parents[0]))
+
+    def _history(self, run: Any) -> pd.DataFrame:
+        run_id = run.info.run_id
+        try:
+            text = self.client.download_artifacts(run_id, HISTORY_ARTIFACT)
+            df = pd.read_csv(text)
+        except Exception:  # no history artifact (a run cut off before the end): ask MLflow per metric
+            rows = [
+                (run_id, key, m.step, m.value)
+                for key in run.data.metrics
+                if key not in M.SUMMARY_METRICS
+                for m in self.client.get_metric_history(run_id, key)
+            ]
+            return pd.DataFrame(rows, columns=["run_id", "metric", "step", "value"])
+        df.insert(0, "run_id", run_id)
+        return df
+
+
+def _history_csv(history: Sequence[tuple[int, Mapping[str, float]]]) -> str:
+    buf = io.StringIO()
+    buf.write("metric,step,value\n")
+    for step, values in history:
+        for k, v in values.items():
+            buf.write(f"{k},{int(step)},{float(v)!r}\n")
+    return buf.getvalue()
+
+
+def _num(text: str | None) -> float:
+    try:
+        return float(text) if text not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
+def _trial_row(run: Any) -> dict[str, Any]:
+    tags, metrics = run.data.tags, run.data.metrics
+    row: dict[str, Any] = {
+        "run_id": run.info.run_id,
+        "trial": run.info.run_name,
+        "scenario": tags.get("scenario", ""),
+        "fingerprint": tags.get("fingerprint", ""),
+        **{k: tags.get(k, "") for k in _TRIAL_TAGS},
+        "status": tags.get("status", "UNKNOWN"),
+        "reason": tags.get("reason", ""),
+        "target_return": _num(tags.get("target_return")),
+        "budget_env_steps": int(_num(tags.get("budget_env_steps")) or 0),
+    }
+    for k in ("workers", "envs_per_worker", "seed"):
+        row[k] = int(row[k]) if str(row[k]).isdigit() else -1
+    for k in (*M.SUMMARY_METRICS, "setup_s"):
+        row[k] = metrics.get(k, math.nan)
+    return row
+
+
+def _meta(parent: Any) -> dict[str, Any]:
+    tags = parent.data.tags
+    return {
+        "scenario": tags.get("scenario", ""),
+        "fingerprint": tags.get("fingerprint", ""),
+        "parent_run_id": parent.info.run_id,
+        "experiment_id": parent.info.experiment_id,
+        "versions": {k.removeprefix("version."): v for k, v in tags.items() if k.startswith("version.")},
+        "machine": {k.removeprefix("machine."): v for k, v in tags.items() if k.startswith("machine.")},
+        "command": tags.get("command", ""),
+        "status": tags.get("status", ""),
+        "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(parent.info.start_time / 1000)),
+    }
+
+
+def load_spec_artifact(store: ResultsStore, parent_id: str) -> dict[str, Any]:
+    path = store.client.download_artifacts(parent_id, SPEC_ARTIFACT)
+    return json.loads(Path(path).read_text())  # type: ignore[no-any-return]
+
+
+def iter_statuses(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[str(r["status"])] = counts.get(str(r["status"]), 0) + 1
+    return counts

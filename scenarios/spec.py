@@ -1,0 +1,264 @@
+"""The scenario spec: a typed, validated, immutable model of one comparison.
+
+A spec names an env, an algorithm with its hyperparameters and model, the engines to run it on,
+the execution (workers, envs per worker, crossrl's optimizer), a budget, a target and seeds.
+``trials()`` expands it into one :class:`Trial` per engine x workers x seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from crossrl.core.catalog import ALGORITHMS, DEFAULT_OPTIMIZER, HYPERPARAM_DEFAULTS, VALID_OPTIMIZERS
+
+AlgorithmName = Literal["ppo", "a2c", "a3c", "impala", "dqn", "apex"]
+assert set(AlgorithmName.__args__) == set(ALGORITHMS)  # type: ignore[attr-defined]
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvSpec(BaseModel):
+    """The environment: a gymnasium id, its keyword arguments, and a simulated step cost."""
+
+    model_config = _STRICT
+
+    id: str = Field(description="gymnasium env id, e.g. CartPole-v1 (or 'module:Id' to import a module first)")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to gymnasium.make")
+    step_latency_ms: float = Field(
+        default=0.0, ge=0, le=10_000, description="wall time added per env step (sleep: costs time, not CPU)"
+    )
+
+
+class ModelSpec(BaseModel):
+    """The policy/value network every engine builds: an MLP, same sizes and activation everywhere."""
+
+    model_config = _STRICT
+
+    hidden: tuple[int, ...] = Field(default=(64, 64), description="hidden layer widths")
+    activation: Literal["tanh", "relu"] = "tanh"
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v or any(h < 1 for h in v):
+            raise ValueError("every hidden layer width must be >= 1 and there must be at least one layer")
+        return v
+
+
+class Hyperparams(BaseModel):
+    """Shared hyperparameter names; a missing one takes the algorithm's default (core.catalog)."""
+
+    model_config = _STRICT
+
+    lr: float | None = Field(default=None, gt=0, description="learning rate")
+    gamma: float | None = Field(default=None, ge=0, le=1, description="discount")
+    gae_lambda: float | None = Field(default=None, ge=0, le=1, description="GAE lambda")
+    clip: float | None = Field(default=None, gt=0, description="PPO ratio clip")
+    vf_clip: float | None = Field(default=None, gt=0, description="PPO value clip")
+    train_batch: int | None = Field(default=None, ge=1, description="env steps per SGD phase / replay batch")
+    minibatch: int | None = Field(default=None, ge=1, description="SGD minibatch size (env steps)")
+    epochs: int | None = Field(default=None, ge=1, description="SGD passes over each train batch")
+    entropy_coeff: float | None = Field(default=None, ge=0)
+    vf_coeff: float | None = Field(default=None, ge=0)
+    grad_clip: float | None = Field(default=None, gt=0, description="global gradient norm clip")
+    rollout_fragment: int | None = Field(default=None, ge=1, description="env steps per env per sample call")
+    buffer_size: int | None = Field(default=None, ge=1, description="replay capacity (transitions)")
+    learning_starts: int | None = Field(default=None, ge=0, description="env steps before learning")
+    target_update: int | None = Field(default=None, ge=1, description="env steps between target syncs")
+    n_step: int | None = Field(default=None, ge=1)
+    epsilon_initial: float | None = Field(default=None, ge=0, le=1)
+    epsilon_final: float | None = Field(default=None, ge=0, le=1)
+    epsilon_timesteps: int | None = Field(default=None, ge=1, description="env steps of epsilon decay")
+    replay_ratio: float | None = Field(default=None, gt=0, description="trained / sampled transitions")
+    double_q: bool | None = None
+    prioritized_replay: bool | None = None
+    priority_alpha: float | None = Field(default=None, ge=0)
+    priority_beta: float | None = Field(default=None, ge=0)
+    num_replay_shards: int | None = Field(default=None, ge=1)
+    vtrace_clip_rho: float | None = Field(default=None, gt=0)
+    vtrace_clip_c: float | None = Field(default=None, gt=0)
+
+
+class AlgorithmSpec(BaseModel):
+    model_config = _STRICT
+
+    name: AlgorithmName
+    hyperparams: Hyperparams = Field(default_factory=Hyperparams)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+
+    def resolved_hyperparams(self) -> dict[str, Any]:
+        """The algorithm's defaults overlaid with what the spec sets (derived, never written back)."""
+        given = self.hyperparams.model_dump(exclude_none=True)
+        return {**HYPERPARAM_DEFAULTS[self.name], **given}
+
+
+class ExecutionSpec(BaseModel):
+    model_config = _STRICT
+
+    workers: tuple[int, ...] = Field(default=(1,), description="worker counts to run, one trial set each")
+    envs_per_worker: int = Field(default=1, ge=1, le=1024)
+    optimizer: str | None = Field(default=None, description="crossrl's policy optimizer; null: the algorithm's")
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _listify(cls, v: Any) -> Any:
+        return [v] if isinstance(v, int) else v
+
+    @field_validator("workers")
+    @classmethod
+    def _workers_ok(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("at least one worker count is needed")
+        bad = [w for w in v if w < 1 or w > 256]
+        if bad:
+            raise ValueError(f"worker counts must be 1..256, got {bad}")
+        return v
+
+
+class BudgetSpec(BaseModel):
+    model_config = _STRICT
+
+    env_steps: int = Field(ge=1, description="env steps sampled per trial")
+    wall_seconds: float = Field(default=900.0, gt=0, description="hard wall-clock limit per trial (TIMEOUT)")
+
+
+class TargetSpec(BaseModel):
+    model_config = _STRICT
+
+    episode_return_mean: float | None = None
+
+
+class ScenarioSpec(BaseModel):
+    """One comparison. Immutable; derived values are computed, never written back."""
+
+    model_config = _STRICT
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    env: EnvSpec
+    algorithm: AlgorithmSpec
+    engines: tuple[str, ...] = ("crossrl", "rllib", "torchrl")
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    budget: BudgetSpec
+    target: TargetSpec = Field(default_factory=TargetSpec)
+    seeds: tuple[int, ...] = (0,)
+    regress: dict[str, float] = Field(default_factory=dict, description="regression tolerances (see `crossrl regress`)")
+
+    @field_validator("engines")
+    @classmethod
+    def _engines_known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        from crossrl.adapters.registry import engine_ids
+
+        known = engine_ids()
+        bad = [e for e in v if e not in known]
+        if bad:
+            raise ValueError(f"{', '.join(repr(b) for b in bad)} is not one of {', '.join(known)}")
+        if not v:
+            raise ValueError("at least one engine is needed")
+        if len(set(v)) != len(v):
+            raise ValueError("engines are listed twice")
+        return v
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_ok(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if not v:
+            raise ValueError("at least one seed is needed")
+        if any(s < 0 for s in v) or len(set(v)) != len(v):
+            raise ValueError("seeds must be distinct and >= 0")
+        return v
+
+    @model_validator(mode="after")
+    def _optimizer_fits(self) -> ScenarioSpec:
+        opt = self.execution.optimizer
+        valid = VALID_OPTIMIZERS[self.algorithm.name]
+        if opt is not None and opt not in valid:
+            raise ValueError(
+                f"execution.optimizer: {opt!r} cannot run {self.algorithm.name}; valid: {', '.join(valid)}"
+            )
+        return self
+
+    @property
+    def optimizer(self) -> str:
+        """crossrl's policy optimizer for this spec (the algorithm's default when not set)."""
+        return self.execution.optimizer or DEFAULT_OPTIMIZER[self.algorithm.name]
+
+    def canonical(self) -> dict[str, Any]:
+        """What determines a trial's conditions: everything but labels and the trial axes.
+
+        Engines, worker counts and seeds choose *which* trials run; they are left out so that a run
+        restricted with ``--engines``/``--workers``/``--seeds`` stays comparable with the full one.
+        """
+        data = self.model_dump(mode="json", exclude={"name", "description", "engines", "seeds", "regress"})
+        data["algorithm"]["hyperparams"] = self.algorithm.resolved_hyperparams()
+        data["execution"].pop("workers")
+        data["execution"]["optimizer"] = self.optimizer
+        return data
+
+    def fingerprint(self) -> str:
+        """sha256 (first 16 hex digits) of the canonical JSON form."""
+        blob = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def trials(self, *, ray_address: str | None = None) -> list[Trial]:
+        """engines x workers x seeds, in that nesting order (engines interleave inside a seed)."""
+        fp = self.fingerprint()
+        hp = self.algorithm.resolved_hyperparams()
+        return [
+            Trial(
+                scenario=self.name,
+                fingerprint=fp,
+                engine=engine,
+                algorithm=self.algorithm.name,
+                optimizer=self.optimizer,
+                hyperparams=hp,
+                model=self.algorithm.model,
+                env=self.env,
+                workers=workers,
+                envs_per_worker=self.execution.envs_per_worker,
+                seed=seed,
+                budget=self.budget,
+                target_return=self.target.episode_return_mean,
+                ray_address=ray_address,
+            )
+            for workers in self.execution.workers
+            for seed in self.seeds
+            for engine in self.engines
+        ]
+
+
+class Trial(BaseModel):
+    """One engine x workers x seed run of a scenario; what an adapter receives (JSON-serializable)."""
+
+    model_config = _STRICT
+
+    scenario: str
+    fingerprint: str
+    engine: str
+    algorithm: AlgorithmName
+    optimizer: str
+    hyperparams: dict[str, Any]
+    model: ModelSpec
+    env: EnvSpec
+    workers: int
+    envs_per_worker: int
+    seed: int
+    budget: BudgetSpec
+    target_return: float | None = None
+    ray_address: str | None = None
+
+    @property
+    def name(self) -> str:
+        """Like ``rllib-ppo-w2-s0``."""
+        return f"{self.engine}-{self.algorithm}-w{self.workers}-s{self.seed}"
+
+    def hp(self, key: str) -> Any:
+        """A resolved hyperparameter; a KeyError names the algorithm when it has no such default."""
+        try:
+            return self.hyperparams[key]
+        except KeyError:
+            raise KeyError(f"hyperparameter {key!r} has no value for {self.algorithm}") from None

@@ -1,0 +1,92 @@
+"""Test-wide isolation: every output (Ray's ~/.ray and ~/ray_results, MLflow stores) goes to temp folders."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_HOME = Path(tempfile.mkdtemp(prefix="crossrl-test-home-"))
+os.environ["HOME"] = str(_HOME)
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
+os.environ["DO_NOT_TRACK"] = "1"
+os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path) -> Path:
+    """A fresh embedded-store folder for one test."""
+    d = tmp_path / "crossrl-results"
+    d.mkdir()
+    return d
+
+
+SUPPORT = Path(__file__).parent / "support"
+
+
+@pytest.fixture
+def fault_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Registers the test-only fault engine (tests/support/fault_engine.py); returns its marker folder."""
+    markers = tmp_path / "fault-markers"
+    markers.mkdir()
+    monkeypatch.syspath_prepend(str(SUPPORT))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("CROSSRL_EXTRA_ENGINES", "fault=fault_engine:FaultAdapter")
+    monkeypatch.setenv("CROSSRL_FAULT_DIR", str(markers))
+    return markers
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[str]
+    """A real `mlflow server` on a free loopback port with an sqlite backend in a temp folder."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    log = open(root / "server.log", "wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination", (root / "artifacts").as_uri(),
+            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        ],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            log.close()
+            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log.close()

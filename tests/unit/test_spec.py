@@ -1,0 +1,177 @@
+"""Scenario specs: validation errors for every class of bad input, fingerprints, trial expansion."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crossrl.scenarios.loader import SpecError, catalog, load, unsupported, validate
+
+GOOD = {
+    "name": "t",
+    "env": {"id": "CartPole-v1"},
+    "algorithm": {"name": "ppo", "hyperparams": {"lr": 0.001}},
+    "engines": ["crossrl", "rllib"],
+    "execution": {"workers": [1, 2], "envs_per_worker": 2},
+    "budget": {"env_steps": 1000},
+    "seeds": [0, 1, 2],
+}
+
+
+def problems(raw: dict, label: str = "x.yaml") -> list[str]:
+    with pytest.raises(SpecError) as e:
+        validate(raw, label=label)
+    return e.value.problems
+
+
+def with_(path: str, value: object) -> dict:
+    raw = yaml.safe_load(yaml.safe_dump(GOOD))
+    node = raw
+    *parents, leaf = path.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+    return raw
+
+
+def test_every_builtin_scenario_is_valid() -> None:
+    names = set(catalog())
+    assert {"smoke", "cartpole-ppo", "cartpole-a2c", "cartpole-a3c", "cartpole-impala", "cartpole-dqn"} <= names
+    assert {"cartpole-apex", "pendulum-ppo"} <= names
+    for name in names:
+        spec, _ = load(name)
+        assert spec.name == name
+
+
+def test_bad_literal_names_field_value_and_choices() -> None:
+    [line] = problems(with_("algorithm.name", "ppo2"), "smoke.yaml")
+    assert line == "smoke.yaml: algorithm.name: 'ppo2' is not one of ppo, a2c, a3c, impala, dqn, apex"
+
+
+def test_unknown_key_is_an_error() -> None:
+    [line] = problems(with_("algorithm.hyperparams.learning_rate", 0.1))
+    assert "algorithm.hyperparams.learning_rate: unknown field" in line
+
+
+def test_wrong_type_and_impossible_values() -> None:
+    [line] = problems(with_("budget.env_steps", "lots"))
+    assert line.startswith("x.yaml: budget.env_steps: 'lots'")
+    [line] = problems(with_("execution.workers", [-1]))
+    assert "execution.workers" in line and "-1" in line
+    [line] = problems(with_("algorithm.hyperparams.gamma", 1.5))
+    assert "algorithm.hyperparams.gamma: 1.5" in line and "less than or equal to 1" in line
+
+
+def test_missing_required_field() -> None:
+    raw = dict(GOOD)
+    del raw["budget"]
+    assert problems(raw) == ["x.yaml: budget: required field is missing"]
+
+
+def test_unknown_engine_and_env_are_caught() -> None:
+    [line] = problems(with_("engines", ["crossrl", "stable-baselines"]))
+    assert "engines: 'stable-baselines' is not one of crossrl, rllib, torchrl" in line
+    [line] = problems(with_("env.id", "CartPole-v9"))
+    assert line.startswith("x.yaml: env.id: 'CartPole-v9' is not a registered gymnasium env")
+
+
+def test_all_problems_are_reported_together() -> None:
+    raw = with_("algorithm.name", "ppo2")
+    raw["budget"]["env_steps"] = 0
+    raw["env"]["id"] = "NoSuchEnv-v0"
+    lines = problems(raw)
+    assert len(lines) == 3
+    assert any("algorithm.name" in s for s in lines)
+    assert any("budget.env_steps" in s for s in lines)
+    assert any("env.id" in s for s in lines)
+
+
+def test_invalid_optimizer_pair_lists_valid_ones() -> None:
+    [line] = problems(with_("execution.optimizer", "sync_replay"))
+    assert "'sync_replay' cannot run ppo; valid: sync_samples, async_gradients" in line
+
+
+def test_yaml_syntax_error_gives_the_line(tmp_path: Path) -> None:
+    f = tmp_path / "broken.yaml"
+    f.write_text("name: broken\nenv: {id: CartPole-v1\nbudget: {env_steps: 10}\n")
+    with pytest.raises(SpecError) as e:
+        load(str(f))
+    [line] = e.value.problems
+    assert line.startswith("broken.yaml: line 3, column") and "YAML syntax error" in line
+
+
+def test_unknown_scenario_name_lists_builtins() -> None:
+    with pytest.raises(SpecError) as e:
+        load("no-such-scenario")
+    assert "built-in:" in e.value.problems[0] and "smoke" in e.value.problems[0]
+
+
+def test_fingerprint_is_stable_and_sensitive() -> None:
+    a = validate(GOOD, label="a")
+    reordered = dict(reversed(list(GOOD.items())))
+    assert validate(reordered, label="b").fingerprint() == a.fingerprint()
+    # the trial axes and labels do not change the conditions of a trial
+    assert validate(with_("seeds", [5]), label="c").fingerprint() == a.fingerprint()
+    assert validate(with_("engines", ["rllib"]), label="c").fingerprint() == a.fingerprint()
+    assert validate(with_("name", "other"), label="c").fingerprint() == a.fingerprint()
+    # writing a default explicitly is the same spec; changing a value is not
+    assert validate(with_("algorithm.hyperparams.clip", 0.2), label="d").fingerprint() == a.fingerprint()
+    assert validate(with_("algorithm.hyperparams.lr", 0.002), label="e").fingerprint() != a.fingerprint()
+    assert validate(with_("env.step_latency_ms", 1), label="f").fingerprint() != a.fingerprint()
+    assert len(a.fingerprint()) == 16
+
+
+def test_trials_expand_engines_workers_seeds() -> None:
+    spec = validate(GOOD, label="a")
+    trials = spec.trials()
+    assert len(trials) == 2 * 2 * 3
+    assert [t.name for t in trials[:4]] == ["crossrl-ppo-w1-s0", "rllib-ppo-w1-s0", "crossrl-ppo-w1-s1", "rllib-ppo-w1-s1"]
+    assert all(t.hyperparams["lr"] == 0.001 and t.hyperparams["clip"] == 0.2 for t in trials)
+    assert {t.fingerprint for t in trials} == {spec.fingerprint()}
+    assert spec.algorithm.hyperparams.clip is None  # defaults are derived, never written back
+
+
+def test_unsupported_combinations_are_listed_with_what_is_supported() -> None:
+    spec = validate(with_("algorithm.name", "a2c"), label="a")
+    bad = unsupported(spec.trials())
+    assert {t.engine for t, _ in bad} == {"rllib"}
+    assert "RLlib 2.60 has no A2C" in bad[0][1] and "rllib supports: ppo, impala, dqn" in bad[0][1]
+
+
+def test_spec_is_immutable() -> None:
+    spec = validate(GOOD, label="a")
+    with pytest.raises(Exception):
+        spec.budget.env_steps = 5  # type: ignore[misc]
+
+
+def test_cli_validate_three_mistakes_three_lines_exit_2(tmp_path: Path) -> None:
+    raw = with_("algorithm.name", "ppo2")
+    raw["execution"]["workers"] = [0]
+    raw["seeds"] = "zero"
+    f = tmp_path / "three.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    out = subprocess.run([sys.executable, "-m", "crossrl.cli", "validate", str(f)], capture_output=True, text=True)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 3, out.stderr
+    assert all(line.startswith("error: three.yaml: ") for line in lines)
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+def test_cli_run_refuses_unsupported_before_storing(tmp_path: Path) -> None:
+    raw = with_("algorithm.name", "a2c")
+    f = tmp_path / "a2c.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    out = subprocess.run(
+        [sys.executable, "-m", "crossrl.cli", "run", str(f), "--results-dir", str(tmp_path / "res")],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2
+    assert "rllib-a2c-w1-s0: RLlib 2.60 has no A2C" in out.stderr
+    assert "--skip-unsupported" in out.stderr
+    assert not (tmp_path / "res" / "mlflow.db").exists()
