@@ -1,0 +1,55 @@
+# crossrl: `make demo` runs the demo scenario on the embedded defaults; `make test` runs lint and tests.
+# Both install what is missing first (a venv in .venv with the pinned set).
+
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+PIP     := $(BIN)/pip
+STAMP   := $(VENV)/.stamp-install
+PYTEST_FLAGS ?=
+
+.PHONY: install demo test test-fast lint learning-tests chromium ui clean
+
+install: $(STAMP)
+
+# torch first, from its pinned CPU wheel; every later pip call passes constraints.txt, which pins it,
+# so nothing can pull a CUDA build of several GB.
+$(STAMP): requirements.txt constraints.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -r requirements.txt
+	$(PIP) install -q -c constraints.txt --no-deps -e .
+	$(PIP) check
+	touch $(STAMP)
+
+# Headless Chromium for the report's browser test (Debian packages).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else echo "chromium is missing: sudo apt-get install chromium chromium-driver (the browser test will be skipped)"; fi; }
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy --no-error-summary . || { echo "mypy found type errors"; exit 1; }
+
+test: install chromium lint
+	$(BIN)/pytest -m "not learning" --timeout 900 $(PYTEST_FLAGS)
+
+test-fast: install
+	$(BIN)/pytest -m "not learning and not integration" $(PYTEST_FLAGS)
+
+learning-tests: install
+	$(BIN)/pytest -m learning -s --timeout 7200 $(PYTEST_FLAGS)
+
+demo: install
+	$(BIN)/crossrl run demo --skip-unsupported; status=$$?; \
+	echo; echo "results store: crossrl-results/ (sqlite + artifacts); browse it with: $(BIN)/crossrl ui"; \
+	exit $$status
+
+ui: install
+	$(BIN)/crossrl ui
+
+clean:
+	rm -rf crossrl-results .pytest_cache .mypy_cache .ruff_cache build *.egg-info
