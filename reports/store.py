@@ -229,9 +229,9 @@ class ResultsStore:
     ) -> None:
         if status not in STATUSES:
             raise ValueError(f"status {status!r} is not one of {STATUSES}")
-        summary = {k: v for k, v in (summary or {}).items() if v is not None and math.isfinite(v)}
-        if summary:
-            self.log_points(run_id, [(last_step, summary)])
+        final = {k: float(v) for k, v in (summary or {}).items() if v is not None and math.isfinite(v)}
+        if final:
+            self.log_points(run_id, [(last_step, final)])
         if history:
             self.client.log_text(run_id, _history_csv(history), HISTORY_ARTIFACT)
         self.set_tags(run_id, {"status": status, "reason": reason[:4000]})

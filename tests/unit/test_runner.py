@@ -67,7 +67,9 @@ def test_crash_hang_and_hard_exit_are_recorded_and_the_next_trial_runs(fault_eng
     assert "injected failure" in trials.loc[1, "reason"]
     run_points = loaded.points[loaded.points.run_id == trials.loc[2, "run_id"]]
     assert sorted(run_points[run_points.metric == "env_steps_sampled"].step) == [100]
-    ok = loaded.points[(loaded.points.run_id == trials.loc[0, "run_id"]) & (loaded.points.metric == "env_steps_sampled")]
+    ok = loaded.points[
+        (loaded.points.run_id == trials.loc[0, "run_id"]) & (loaded.points.metric == "env_steps_sampled")
+    ]
     assert list(ok.step) == sorted(ok.step) and ok.step.max() == 1000
     assert trials.loc[0, "peak_rss_mb"] > 10 and trials.loc[0, "cpu_seconds"] > 0
 

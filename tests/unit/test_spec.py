@@ -129,7 +129,12 @@ def test_trials_expand_engines_workers_seeds() -> None:
     spec = validate(GOOD, label="a")
     trials = spec.trials()
     assert len(trials) == 2 * 2 * 3
-    assert [t.name for t in trials[:4]] == ["crossrl-ppo-w1-s0", "rllib-ppo-w1-s0", "crossrl-ppo-w1-s1", "rllib-ppo-w1-s1"]
+    assert [t.name for t in trials[:4]] == [
+        "crossrl-ppo-w1-s0",
+        "rllib-ppo-w1-s0",
+        "crossrl-ppo-w1-s1",
+        "rllib-ppo-w1-s1",
+    ]
     assert all(t.hyperparams["lr"] == 0.001 and t.hyperparams["clip"] == 0.2 for t in trials)
     assert {t.fingerprint for t in trials} == {spec.fingerprint()}
     assert spec.algorithm.hyperparams.clip is None  # defaults are derived, never written back
