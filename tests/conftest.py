@@ -59,7 +59,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[str]
 
     root = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
-    log = open(root / "server.log", "wb")
+    log = open(root / "server.log", "wb")  # noqa: SIM115 (open for the server's lifetime)
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "mlflow", "server",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from crossrl.scenarios.loader import SpecError, catalog, load, unsupported, validate
 
@@ -149,7 +150,7 @@ def test_unsupported_combinations_are_listed_with_what_is_supported() -> None:
 
 def test_spec_is_immutable() -> None:
     spec = validate(GOOD, label="a")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         spec.budget.env_steps = 5  # type: ignore[misc]
 
 
