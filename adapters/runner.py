@@ -298,6 +298,7 @@ def run_scenario(
     assert experiment_id is not None
     outcome = RunOutcome(parent_id=parent_id, experiment_id=experiment_id, results=[])
     notify("start", {"trials": trials, "parent_id": parent_id})
+    _log_raw_speed(store, parent_id, spec, step=0)
     with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
         for index, trial in enumerate(trials):
             run_id = store.start_trial(parent_id, trial, spec=spec)
@@ -316,9 +317,20 @@ def run_scenario(
                 )
                 outcome.interrupted = True
                 break
+    if not outcome.interrupted:
+        _log_raw_speed(store, parent_id, spec, step=1)
     status = "KILLED" if outcome.interrupted else "FINISHED"
     store.finish_parent(parent_id, status=status, counts=outcome.counts())
     return outcome
+
+
+def _log_raw_speed(store: ResultsStore, parent_id: str, spec: ScenarioSpec, *, step: int) -> None:
+    """The raw gymnasium limit for this env and envs-per-worker, measured before (step 0) and after (step 1)
+    the trials, so throughput can be read as a ratio to it on whatever machine ran this."""
+    from crossrl.core.rawspeed import raw_env_steps_per_s
+
+    speed = raw_env_steps_per_s(spec.env, num_envs=spec.execution.envs_per_worker, seconds=1.0)
+    store.log_points(parent_id, [(step, {M.RAW_ENV_STEPS_PER_S: speed})])
 
 
 def finite(x: float | None) -> bool:

@@ -60,3 +60,7 @@ PEAK_RSS_MB: Final = "peak_rss_mb"  # MiB, the trial's whole process tree, sampl
 CPU_SECONDS: Final = "cpu_seconds"  # CPU seconds of the trial's whole process tree
 
 SUMMARY_METRICS: Final = (STEPS_TO_TARGET, WALL_S_TO_TARGET, FINAL_RETURN_MEAN, PEAK_RSS_MB, CPU_SECONDS)
+
+# Per `crossrl run` (parent run): the raw gymnasium speed of the scenario's env, random actions, one
+# process, envs_per_worker copies; logged at step 0 (before the trials) and 1 (after).
+RAW_ENV_STEPS_PER_S: Final = "raw_env_steps_per_s"  # env steps / s

@@ -294,7 +294,10 @@ class ResultsStore:
         trials_df = pd.DataFrame(trials)
         if not trials_df.empty:
             trials_df = trials_df.sort_values(["engine", "workers", "seed"], kind="stable").reset_index(drop=True)
-        return Loaded(trials=trials_df, points=points, meta=_meta(parents[0]))
+        meta = _meta(parents[0])
+        raw = [m.value for m in self.client.get_metric_history(parents[0].info.run_id, M.RAW_ENV_STEPS_PER_S)]
+        meta[M.RAW_ENV_STEPS_PER_S] = sum(raw) / len(raw) if raw else math.nan
+        return Loaded(trials=trials_df, points=points, meta=meta)
 
     def _history(self, run: Any) -> pd.DataFrame:
         run_id = run.info.run_id

@@ -1,0 +1,38 @@
+"""The raw limit: how fast gymnasium itself steps the scenario's envs with random actions.
+
+Measured in the same run as the engines (DESIGN.md, "Measuring speed"), so that throughput can be
+quoted as a ratio to it and a slower machine is not mistaken for a slower engine.
+"""
+
+from __future__ import annotations
+
+import time
+
+from crossrl.core.envs import make_vector_env
+from crossrl.scenarios.spec import EnvSpec
+
+
+def raw_env_steps_per_s(spec: EnvSpec, *, num_envs: int, seconds: float = 1.0, seed: int = 0) -> float:
+    """Env steps per second of one process stepping ``num_envs`` copies with random actions.
+
+    A short warm-up (50 vector steps) comes first; then vector steps until ``seconds`` have passed.
+    """
+    env = make_vector_env(spec, num_envs)
+    try:
+        env.reset(seed=seed)
+        space = env.action_space
+        space.seed(seed)
+        actions = [space.sample() for _ in range(64)]
+        for i in range(50):
+            env.step(actions[i % 64])
+        n, t0 = 0, time.perf_counter()
+        deadline = t0 + seconds
+        while True:
+            for _ in range(20):
+                env.step(actions[n % 64])
+                n += 1
+            if time.perf_counter() >= deadline:
+                break
+        return float(n * num_envs / (time.perf_counter() - t0))
+    finally:
+        env.close()
