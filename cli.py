@@ -241,6 +241,65 @@ def report(
 
 
 @app.command()
+def regress(
+    baseline: Annotated[Path, typer.Option("--baseline", help="baseline JSON (crossrl baseline update)")],
+    scenario: Annotated[str | None, typer.Argument(help="scenario name (default: the baseline's)")] = None,
+    run_id: Annotated[str | None, typer.Option("--run", help="a `crossrl run` parent run id")] = None,
+    allow_spec_change: Annotated[
+        bool, typer.Option("--allow-spec-change", help="compare even when the spec fingerprints differ")
+    ] = False,
+    markdown_out: Annotated[Path | None, typer.Option("--markdown", help="also write the table here")] = None,
+    junit_out: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """Compare a run with a baseline. Exit 0: no regression; 1: a regression; 2: unusable input."""
+    from crossrl.reports.api import run_regress
+    from crossrl.reports.regress import BaselineError
+    from crossrl.reports.store import ResultsStore, StoreError
+
+    store = ResultsStore(tracking_uri, results_dir=results_dir)
+    try:
+        code, md = run_regress(
+            store,
+            baseline_path=baseline,
+            scenario=scenario,
+            parent_id=run_id,
+            allow_spec_change=allow_spec_change,
+            markdown_out=markdown_out,
+            junit_out=junit_out,
+        )
+    except (BaselineError, StoreError) as e:
+        _fail([str(e)])
+    typer.echo(md)
+    raise typer.Exit(code)
+
+
+baseline_app = typer.Typer(help="Baselines for `crossrl regress`.", no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+
+
+@baseline_app.command("update")
+def baseline_update(
+    out: Annotated[Path, typer.Option("-o", "--out", help="baseline JSON to write")],
+    scenario: Annotated[str | None, typer.Argument(help="scenario name (its newest run)")] = None,
+    run_id: Annotated[str | None, typer.Option("--run", help="a `crossrl run` parent run id")] = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """Write a baseline (schema version, fingerprint, versions, machine, per-seed values) from a run."""
+    from crossrl.reports.api import update_baseline
+    from crossrl.reports.store import ResultsStore, StoreError
+
+    store = ResultsStore(tracking_uri, results_dir=results_dir)
+    try:
+        data = update_baseline(store, scenario=scenario, parent_id=run_id, out=out)
+    except StoreError as e:
+        _fail([str(e)])
+    typer.echo(f"baseline written: {out} ({len(data['entries'])} entries, fingerprint {data['fingerprint']})")
+
+
+@app.command()
 def ui(
     port: Annotated[int, typer.Option("--port", help="port on 127.0.0.1")] = 5000,
     tracking_uri: TrackingUri = None,

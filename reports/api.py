@@ -19,3 +19,68 @@ def make_report(store: ResultsStore, *, parent_id: str, out_dir: Path) -> Any:
     for path in (paths.html, paths.markdown, paths.json):
         store.log_file(parent_id, Path(path), "report")
     return paths
+
+
+def _parent_id(store: ResultsStore, *, scenario: str | None, parent_id: str | None) -> str:
+    from crossrl.reports.store import StoreError
+
+    if parent_id:
+        return parent_id
+    if not scenario:
+        raise StoreError("name a scenario or give --run PARENT_RUN_ID")
+    parents = store.parent_runs(scenario)
+    if not parents:
+        raise StoreError(f"no `crossrl run` of scenario {scenario!r} in {store.uri}")
+    return str(parents[0].info.run_id)
+
+
+def _current(store: ResultsStore, parent_id: str) -> tuple[dict[str, Any], Any]:
+    """The run as a baseline-shaped dict, and its spec's regression tolerances."""
+    import json
+
+    from crossrl.reports.regress import make_baseline
+    from crossrl.scenarios.spec import ScenarioSpec
+
+    loaded = store.load(parent_id=parent_id)
+    spec = ScenarioSpec.model_validate(load_spec_artifact(store, parent_id))
+    canonical = json.loads(Path(store.client.download_artifacts(parent_id, "spec_canonical.json")).read_text())
+    return make_baseline(loaded, canonical_spec=canonical, target=spec.target.episode_return_mean), spec.regress
+
+
+def update_baseline(store: ResultsStore, *, scenario: str | None, parent_id: str | None, out: Path) -> dict[str, Any]:
+    """Write a baseline JSON from one `crossrl run` (its newest for a scenario)."""
+    import json
+
+    current, _ = _current(store, _parent_id(store, scenario=scenario, parent_id=parent_id))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    return current
+
+
+def run_regress(
+    store: ResultsStore,
+    *,
+    baseline_path: Path,
+    scenario: str | None,
+    parent_id: str | None,
+    allow_spec_change: bool,
+    markdown_out: Path | None = None,
+    junit_out: Path | None = None,
+) -> tuple[int, str]:
+    """Compare a run with a baseline; returns (exit code 0/1, Markdown). BaselineError/StoreError mean exit 2."""
+    from crossrl.reports.regress import REGRESSION, check_comparable, compare, junit_xml, markdown, read_baseline
+
+    baseline = read_baseline(baseline_path)
+    pid = _parent_id(store, scenario=scenario or baseline.get("scenario"), parent_id=parent_id)
+    current, tolerances = _current(store, pid)
+    check_comparable(baseline, current, allow_spec_change=allow_spec_change)
+    comparisons = compare(baseline, current, tolerances=tolerances)
+    title = f"crossrl regress: {current['scenario']} (run {pid}) vs {baseline_path.name}"
+    md = markdown(comparisons, title=title)
+    if markdown_out:
+        markdown_out.parent.mkdir(parents=True, exist_ok=True)
+        markdown_out.write_text(md)
+    if junit_out:
+        junit_out.parent.mkdir(parents=True, exist_ok=True)
+        junit_out.write_text(junit_xml(comparisons, suite=str(current["scenario"])))
+    return (1 if any(c.verdict == REGRESSION for c in comparisons) else 0), md

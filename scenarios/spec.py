@@ -132,6 +132,25 @@ class TargetSpec(BaseModel):
     episode_return_mean: float | None = None
 
 
+class RegressSpec(BaseModel):
+    """Tolerances for `crossrl regress` (a change is flagged only when it beats both these and the noise)."""
+
+    model_config = _STRICT
+
+    throughput_drop: float = Field(
+        default=0.15,
+        gt=0,
+        lt=1,
+        description="largest allowed drop of sampling throughput (as a ratio to raw env speed)",
+    )
+    steps_to_target_growth: float = Field(
+        default=0.25, gt=0, description="largest allowed growth of the median env steps to target"
+    )
+    final_return: bool = Field(
+        default=True, description="check that the final-return IQM stays inside the baseline's CI or reaches the target"
+    )
+
+
 class ScenarioSpec(BaseModel):
     """One comparison. Immutable; derived values are computed, never written back."""
 
