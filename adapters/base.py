@@ -92,7 +92,7 @@ class MetricSink:
         out[M.EPISODES_TOTAL] = float(self._episodes)
         if len(episode_returns):
             out[M.EPISODE_RETURN_MEAN] = float(sum(episode_returns) / len(episode_returns))
-            out["episodes_this_point"] = float(len(episode_returns))
+            out[M.EPISODES_THIS_POINT] = float(len(episode_returns))
         if len(episode_lengths):
             out[M.EPISODE_LEN_MEAN] = float(sum(episode_lengths) / len(episode_lengths))
         self._last_t, self._last_sampled, self._last_trained = now, env_steps_sampled, trained

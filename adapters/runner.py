@@ -87,7 +87,7 @@ def summarize(
     if with_return:
         last = with_return[-1][0]
         tail = [(s, p) for s, p in with_return if s >= 0.9 * last] or with_return[-1:]
-        weights = [p.get("episodes_this_point", 1.0) for _, p in tail]
+        weights = [p.get(M.EPISODES_THIS_POINT, 1.0) for _, p in tail]
         out[M.FINAL_RETURN_MEAN] = sum(
             w * p[M.EPISODE_RETURN_MEAN] for w, (_, p) in zip(weights, tail, strict=True)
         ) / sum(weights)
@@ -329,7 +329,11 @@ def _log_raw_speed(store: ResultsStore, parent_id: str, spec: ScenarioSpec, *, s
     the trials, so throughput can be read as a ratio to it on whatever machine ran this."""
     from crossrl.core.rawspeed import raw_env_steps_per_s
 
-    speed = raw_env_steps_per_s(spec.env, num_envs=spec.execution.envs_per_worker, seconds=1.0)
+    try:
+        speed = raw_env_steps_per_s(spec.env, num_envs=spec.execution.envs_per_worker, seconds=1.0)
+    except Exception as e:  # a user's env may fail here too; the trials will record how
+        store.set_tags(parent_id, {f"raw_speed_error.{step}": f"{type(e).__name__}: {e}"})
+        return
     store.log_points(parent_id, [(step, {M.RAW_ENV_STEPS_PER_S: speed})])
 
 

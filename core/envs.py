@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 from typing import Any
 
@@ -22,6 +23,14 @@ class StepLatency(gym.Wrapper):
         return self.env.step(action)
 
 
+def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registry entry for ``env_id``; ``module:Id`` imports ``module`` first (as gymnasium.make does)."""
+    module, sep, name = env_id.rpartition(":")
+    if sep:
+        importlib.import_module(module)
+    return gym.spec(name)
+
+
 def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:
     """One env as the spec describes it (with the latency wrapper when ``step_latency_ms`` > 0)."""
     env = gym.make(spec.id, **{**spec.kwargs, **overrides})
@@ -38,7 +47,7 @@ def make_vector_env(spec: EnvSpec, num_envs: int) -> gym.vector.VectorEnv:
     Latency envs are stepped one after another, so each worker pays ``num_envs x latency`` per step,
     as a worker driving a real simulator per env would.
     """
-    env_spec = gym.spec(spec.id)
+    env_spec = registered_spec(spec.id)
     if spec.step_latency_ms == 0 and env_spec.vector_entry_point is not None:
         return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.kwargs)
     return gym.vector.SyncVectorEnv([lambda: make_env(spec) for _ in range(num_envs)])

@@ -124,11 +124,11 @@ def _describe(err: Any) -> str:
 def _env_problem(env: Any, label: str) -> str | None:
     if not isinstance(env, dict) or not isinstance(env.get("id"), str):
         return None
-    import gymnasium as gym
+    from crossrl.core.envs import registered_spec
 
     env_id = env["id"]
     try:
-        gym.spec(env_id)
+        registered_spec(env_id)
     except Exception as e:  # gymnasium raises several error types (NameNotFound, VersionNotFound, ...)
         hint = str(e).splitlines()[0] if str(e) else type(e).__name__
         return f"{label}: env.id: {env_id!r} is not a registered gymnasium env ({hint})"

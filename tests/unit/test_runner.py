@@ -121,3 +121,26 @@ def test_ctrl_c_kills_the_running_trial_and_keeps_finished_ones(fault_engine: Pa
     first = loaded.trials.set_index("seed").loc[0, "run_id"]
     steps = loaded.points[(loaded.points.run_id == first) & (loaded.points.metric == "env_steps_sampled")].step
     assert steps.max() == 100_000 and len(steps) == 1000
+
+
+@pytest.mark.integration
+def test_real_engine_crash_is_failed_with_traceback_and_the_next_trial_runs(
+    fault_engine: Path, results_dir: Path
+) -> None:
+    raw = {
+        "name": "crash-test",
+        "env": {"id": "crash_env:CrashingCartPole-v0", "kwargs": {"crash_at": 200}},
+        "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 256, "minibatch": 64, "epochs": 1}},
+        "engines": ["crossrl"],
+        "execution": {"workers": [1], "envs_per_worker": 2},
+        "budget": {"env_steps": 2000, "wall_seconds": 180},
+        "seeds": [0, 1],
+    }
+    spec = validate(raw, label="crash.yaml")
+    store = ResultsStore(None, results_dir=results_dir)
+    outcome = run_scenario(spec, store=store)
+    assert [r.status for r in outcome.results] == ["FAILED", "FAILED"]  # the second ran after the first failed
+    for r in outcome.results:
+        assert "simulator crashed" in r.reason
+        tb = Path(store.client.download_artifacts(r.run_id, "traceback.txt")).read_text()
+        assert "RuntimeError: CrashingCartPole: simulator crashed" in tb

@@ -1,0 +1,399 @@
+"""Write a scenario's comparison report: report.html, report.md and report.json.
+
+``build_report`` takes the store's frames (see :mod:`crossrl.reports.store`), computes every number
+once (:mod:`crossrl.reports.stats`), draws the figures (:mod:`crossrl.reports.figures`) and formats
+the same tables three ways. report.html is one self-contained file (inline SVG and CSS, no script,
+no network access); report.md holds the tables for a CI step summary or a PR comment; report.json
+holds every number of the tables with the fingerprint, versions and machine, for ``crossrl regress``.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from crossrl.reports import stats as S
+from crossrl.reports.figures import Figure, make_figures
+
+SCHEMA_VERSION = 1
+DASH = "—"
+
+
+@dataclass(frozen=True)
+class ReportPaths:
+    """The three files of one report."""
+
+    html: Path
+    markdown: Path
+    json: Path
+
+    @property
+    def md(self) -> Path:
+        return self.markdown
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table, already formatted: shared by the HTML and Markdown outputs."""
+
+    key: str
+    title: str
+    headers: Sequence[str]
+    rows: Sequence[Sequence[str]]
+    note: str = ""
+    text_columns: frozenset[int] = frozenset({0})  # left-aligned; the others are numbers
+
+
+def _fin(x: Any) -> bool:
+    return x is not None and isinstance(x, int | float | np.number) and math.isfinite(float(x))
+
+
+def _f(x: Any, fmt: str) -> str:
+    return format(float(x), fmt) if _fin(x) else DASH
+
+
+def _secs(x: Any) -> str:
+    return DASH if not _fin(x) else (f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}")
+
+
+def _ci(lo: Any, hi: Any, fmt: str, n: int) -> str:
+    if _fin(lo) and _fin(hi):
+        return f"[{format(lo, fmt)}, {format(hi, fmt)}]"
+    return f"{DASH} ({n} seed{'s' if n != 1 else ''})"
+
+
+def _tables(st: S.ReportStats) -> list[Table]:
+    tables = [
+        Table(
+            "final-return",
+            "Final return",
+            ["engine", "workers", "seeds", "IQM final return", "95% CI"],
+            [
+                [r.engine, str(r.workers), str(r.n_seeds), _f(r.iqm, ".1f"), _ci(r.ci_low, r.ci_high, ".1f", r.n_seeds)]
+                for r in st.final_return.itertuples()
+            ],
+            "Interquartile mean over seeds of each trial's final return; stratified bootstrap CI.",
+        )
+    ]
+    if not st.time_to_target.empty:
+        rows = []
+        for r in st.time_to_target.itertuples():
+            seeds = f"{r.n_reached}/{r.n_seeds}"
+            if r.median_reached:
+                rows.append([r.engine, str(r.workers), seeds, _f(r.median_steps, ",.0f"), _secs(r.median_wall_s)])
+            else:
+                wall = f"not reached in {_secs(r.wall_censored_at)} s" if _fin(r.wall_censored_at) else "not reached"
+                rows.append([r.engine, str(r.workers), seeds, f"not reached in {r.steps_censored_at:,} steps", wall])
+        tables.append(
+            Table(
+                "time-to-target",
+                f"Time to target (episode return ≥ {st.target_return:g})",
+                ["engine", "workers", "seeds reached", "median env steps", "median wall s"],
+                rows,
+                "A seed that never reached the target counts as infinite in the median.",
+            )
+        )
+    scale = st.scaling.set_index(["engine", "workers"]) if not st.scaling.empty else None
+    rows = []
+    for r in st.throughput.itertuples():
+        key = (r.engine, r.workers)
+        sp = scale.loc[key] if scale is not None and key in scale.index else None
+        speed = _f(sp["speedup"], ".2f") + "×" if sp is not None and _fin(sp["speedup"]) else DASH
+        eff = _f(100 * sp["efficiency"], ".0f") + "%" if sp is not None and _fin(sp["efficiency"]) else DASH
+        base = str(int(sp["baseline_workers"])) if sp is not None else DASH
+        spread = f"{_f(r.min, ',.0f')} – {_f(r.max, ',.0f')}"
+        rows.append([r.engine, str(r.workers), str(r.n_seeds), _f(r.median, ",.0f"), spread, speed, eff, base])
+    tables.append(
+        Table(
+            "throughput",
+            "Sampling throughput and scaling",
+            ["engine", "workers", "seeds", "env steps/s", "min – max", "speedup", "efficiency", "vs workers"],
+            rows,
+            "Median over iterations per trial, then median over seeds. Speedup against the engine's "
+            "smallest worker count; efficiency = speedup / (workers / that count).",
+        )
+    )
+    tables.append(
+        Table(
+            "improvement",
+            "Probability of improvement (final return)",
+            ["workers", "X", "Y", "seeds X/Y", "P(X > Y)", "95% CI"],
+            [
+                [
+                    str(r.workers),
+                    r.engine_x,
+                    r.engine_y,
+                    f"{r.n_x}/{r.n_y}",
+                    _f(r.p, ".2f"),
+                    _ci(r.ci_low, r.ci_high, ".2f", min(r.n_x, r.n_y)),
+                ]
+                for r in st.improvement.itertuples()
+            ],
+            "P(X > Y) over all pairs of seeds (ties count one half), as rliable; 0.5 means no difference.",
+            frozenset({1, 2}),
+        )
+    )
+    tables.append(
+        Table(
+            "cost",
+            "Cost",
+            ["engine", "workers", "seeds", "peak RSS (MiB)", "CPU s", "set-up s"],
+            [
+                [
+                    r.engine,
+                    str(r.workers),
+                    str(r.n_seeds),
+                    _f(r.peak_rss_mb, ",.0f"),
+                    _secs(r.cpu_seconds),
+                    _secs(r.setup_s),
+                ]
+                for r in st.cost.itertuples()
+            ],
+            "Medians over seeds; the trial's whole process tree.",
+        )
+    )
+    tables.append(
+        Table(
+            "problems",
+            "Trials that did not finish",
+            ["trial", "engine", "workers", "seed", "status", "reason"],
+            [
+                [str(r.trial), str(r.engine), str(r.workers), str(r.seed), str(r.status), str(r.reason) or DASH]
+                for r in st.problems.itertuples()
+            ],
+            "None: every trial finished." if st.problems.empty else "These trials are left out of every number above.",
+            frozenset({0, 1, 4, 5}),
+        )
+    )
+    return tables
+
+
+def _engine_versions(trials: pd.DataFrame) -> dict[str, list[str]]:
+    if "engine_version" not in trials:
+        return {}
+    out: dict[str, list[str]] = {}
+    for engine, g in trials.groupby("engine"):
+        out[str(engine)] = sorted({str(v) for v in g["engine_version"] if str(v) not in ("", "nan")})
+    return dict(sorted(out.items(), key=lambda kv: S.engine_sort_key(kv[0])))
+
+
+def _jsonable(x: Any) -> Any:
+    """Plain JSON types; NaN and inf become null (a censored or undefined number)."""
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple | np.ndarray):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, bool | np.bool_):
+        return bool(x)
+    if isinstance(x, int | np.integer):
+        return int(x)
+    if isinstance(x, float | np.floating):
+        return float(x) if math.isfinite(float(x)) else None
+    if x is None or isinstance(x, str):
+        return x
+    return str(x)
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [_jsonable(r) for r in df.to_dict(orient="records")]
+
+
+def _curves(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return [
+        _jsonable({"engine": e, "workers": w, **{c: g[c].to_numpy() for c in ("x", "mean", "ci_low", "ci_high", "n")}})
+        for (e, w), g in df.groupby(["engine", "workers"], sort=False)
+    ]
+
+
+def _document(
+    *, st: S.ReportStats, trials: pd.DataFrame, meta: Mapping[str, Any], rng_seed: int, grid_points: int
+) -> dict[str, Any]:
+    fingerprints = sorted({str(f) for f in trials.get("fingerprint", pd.Series([], dtype=str)) if str(f)})
+    return _jsonable(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "scenario": meta.get("scenario", ""),
+            "fingerprint": meta.get("fingerprint") or (fingerprints[0] if len(fingerprints) == 1 else ""),
+            "trial_fingerprints": fingerprints,
+            "parent_run_id": meta.get("parent_run_id", ""),
+            "command": meta.get("command", ""),
+            "created": meta.get("created", ""),
+            "machine": dict(meta.get("machine", {})),
+            "versions": dict(meta.get("versions", {})),
+            "engine_versions": _engine_versions(trials),
+            "spec": meta.get("spec"),
+            "method": {
+                "counted_status": S.COUNTED_STATUS,
+                "confidence": S.CONFIDENCE,
+                "bootstrap_reps": S.BOOTSTRAP_REPS,
+                "bootstrap": "stratified percentile bootstrap over seeds (rliable-style, own implementation)",
+                "grid_points": grid_points,
+                "rng_seed": rng_seed,
+            },
+            "trials": {"total": len(trials), "by_status": trials["status"].value_counts().to_dict()},
+            "target_return": st.target_return,
+            "budget_env_steps": st.budget_env_steps,
+            "final_return": _records(st.final_return),
+            "time_to_target": _records(st.time_to_target),
+            "throughput": _records(st.throughput),
+            "scaling": _records(st.scaling),
+            "improvement": _records(st.improvement),
+            "cost": _records(st.cost),
+            "problems": _records(st.problems),
+            "curves": {"env_steps": _curves(st.curves_steps), "wall_s": _curves(st.curves_wall)},
+        }
+    )
+
+
+def _md_cell(s: str) -> str:
+    # GitHub renders inline HTML in tables: a reason like "<no async gradients>" would vanish.
+    s = " ".join(s.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return s if len(s) <= 240 else s[:239] + "…"
+
+
+def _markdown(doc: Mapping[str, Any], tables: Sequence[Table]) -> str:
+    lines = [
+        f"# crossrl report: {doc['scenario']}",
+        "",
+        f"Spec fingerprint `{doc['fingerprint']}` · parent run `{doc['parent_run_id']}` · {doc['created']} · "
+        + ", ".join(f"{n} {s}" for s, n in doc["trials"]["by_status"].items()),
+        "",
+    ]
+    for t in tables:
+        lines += [f"## {t.title}", ""]
+        if t.rows:
+            lines.append("| " + " | ".join(t.headers) + " |")
+            lines.append("|" + "|".join("---" for _ in t.headers) + "|")
+            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in t.rows]
+            lines.append("")
+        if t.note:
+            lines += [f"_{t.note}_", ""]
+    lines += ["## Machine and versions", "", *_env_lines(doc), ""]
+    spec = yaml.safe_dump(doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)\n"
+    lines += ["<details><summary>Spec</summary>", "", "```yaml", spec.rstrip(), "```", "", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _env_lines(doc: Mapping[str, Any]) -> list[str]:
+    m = doc["machine"]
+    out = ["- machine: " + (", ".join(f"{k} {v}" for k, v in m.items()) or "unknown")]
+    out.append("- versions: " + (", ".join(f"{k} {v}" for k, v in doc["versions"].items()) or "unknown"))
+    out += [f"- engine `{e}`: {', '.join(v) or 'version unknown'}" for e, v in doc["engine_versions"].items()]
+    return out
+
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1a1a1a;margin:0 auto;
+max-width:1100px;padding:24px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.meta{color:#555}code,pre{font:12px/1.4 ui-monospace,Menlo,Consolas,monospace}
+pre{background:#f6f8fa;padding:10px;overflow:auto;border-radius:4px}
+table{border-collapse:collapse;margin:6px 0}th,td{padding:3px 10px;border-bottom:1px solid #e4e4e4;
+vertical-align:top}th{background:#f2f4f7}.num{text-align:right;font-variant-numeric:tabular-nums}
+.text{text-align:left;max-width:560px;white-space:pre-wrap;overflow-wrap:anywhere}.note{color:#555;font-size:12px}
+figure{margin:16px 0}figure svg{max-width:100%;height:auto}figcaption{color:#444;font-size:12px}
+.bad{color:#a40000}
+"""
+
+
+def _html_table(t: Table) -> str:
+    head = "".join(
+        f'<th class="{"text" if i in t.text_columns else "num"}">{html.escape(h)}</th>' for i, h in enumerate(t.headers)
+    )
+    body = []
+    for row in t.rows:
+        cells = [
+            f'<td class="{"text" if i in t.text_columns else "num"}">{html.escape(c)}</td>' for i, c in enumerate(row)
+        ]
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    table = f'<table id="table-{t.key}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+    note = f'<p class="note">{html.escape(t.note)}</p>' if t.note else ""
+    return f"<h2>{html.escape(t.title)}</h2>" + (table if t.rows else "") + note
+
+
+def _html(doc: Mapping[str, Any], tables: Sequence[Table], figures: Sequence[Figure]) -> str:
+    esc = html.escape
+    by_status = ", ".join(f"{n} {s}" for s, n in doc["trials"]["by_status"].items())
+    mixed = (
+        f'<p class="bad">Trials with differing spec fingerprints: {esc(", ".join(doc["trial_fingerprints"]))}</p>'
+        if len(doc["trial_fingerprints"]) > 1
+        else ""
+    )
+    figs = "".join(
+        f'<figure id="fig-{f.key}" class="figure"><h3>{esc(f.title)}</h3>{f.svg}'
+        f"<figcaption>{esc(f.caption)}</figcaption></figure>"
+        for f in figures
+    )
+    spec = yaml.safe_dump(doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)"
+    env = "".join(f"<li>{esc(line[2:].replace('`', ''))}</li>" for line in _env_lines(doc))
+    parts = [
+        f"<h1>crossrl report: {esc(doc['scenario'])}</h1>",
+        f'<p class="meta">spec fingerprint <code>{esc(doc["fingerprint"])}</code> · parent run '
+        f"<code>{esc(doc['parent_run_id'])}</code> · {esc(doc['created'])} · {esc(by_status)}</p>",
+        f'<p class="meta">command: <code>{esc(doc["command"])}</code></p>' if doc["command"] else "",
+        mixed,
+        _html_table(tables[0]),
+        "<h2>Figures</h2>",
+        figs,
+        *(_html_table(t) for t in tables[1:]),
+        f"<h2>Machine and versions</h2><ul>{env}</ul>",
+        f"<h2>Spec</h2><pre>{esc(spec)}</pre>",
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        # An empty icon stops the browser from asking for /favicon.ico: the file needs nothing else.
+        '<link rel="icon" href="data:,">'
+        f"<title>crossrl report: {esc(doc['scenario'])}</title><style>{_CSS}</style></head>"
+        f"<body>{''.join(parts)}</body></html>\n"
+    )
+
+
+def build_report(
+    *,
+    trials: pd.DataFrame,
+    points: pd.DataFrame,
+    meta: Mapping[str, Any],
+    out_dir: Path,
+    rng_seed: int = 0,
+    grid_points: int = S.GRID_POINTS,
+) -> ReportPaths:
+    """Compute, draw and write report.html, report.md and report.json into ``out_dir`` (created).
+
+    ``rng_seed`` seeds the bootstrap, so the same frames give the same files.
+    """
+    missing = {"run_id", "trial", "engine", "workers", "seed", "status", "reason"} - set(trials.columns)
+    if trials.empty or missing:
+        raise ValueError(f"nothing to report: {len(trials)} trials, missing columns {sorted(missing) or 'none'}")
+    rng = np.random.default_rng(rng_seed)
+    st = S.compute(trials=trials, points=points, rng=rng, grid_points=grid_points)
+    doc = _document(st=st, trials=trials, meta=meta, rng_seed=rng_seed, grid_points=grid_points)
+    tables = _tables(st)
+    figures = make_figures(st)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = ReportPaths(out_dir / "report.html", out_dir / "report.md", out_dir / "report.json")
+    paths.html.write_text(_html(doc, tables, figures), encoding="utf-8")
+    paths.markdown.write_text(_markdown(doc, tables), encoding="utf-8")
+    paths.json.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    return paths
+
+
+def load_report_json(path: Path) -> dict[str, Any]:
+    """Read a report.json, refusing one whose schema this crossrl does not know."""
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if version != SCHEMA_VERSION:
+        raise ValueError(
+            f"{path}: schema_version {version!r} is not {SCHEMA_VERSION}; re-render it with this crossrl's "
+            "`crossrl report`"
+        )
+    return doc

@@ -1,0 +1,227 @@
+"""reports.stats on arrays small enough to check by hand, and against independent implementations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from crossrl.core import metrics as M
+from crossrl.reports import stats as S
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def test_iqm_by_hand() -> None:
+    assert S.iqm([1, 2, 3, 4]) == pytest.approx(2.5)  # drops 1 and 4
+    assert S.iqm([1, 2, 3, 4, 5, 6, 7, 8]) == pytest.approx(4.5)  # mean of 3, 4, 5, 6
+    assert S.iqm([10, 0, 100, 1]) == pytest.approx(5.5)  # order does not matter: middle two are 1 and 10
+    assert S.iqm([1, 2, 30]) == pytest.approx(11.0)  # under 4 values nothing is cut
+    assert S.iqm([7.0]) == pytest.approx(7.0)
+
+
+def test_bootstrap_ci_two_values_spans_both() -> None:
+    # Resampling [0, 1] gives means 0, 0.5, 1 with probability 1/4, 1/2, 1/4: the 2.5% and 97.5%
+    # percentiles of 2000 draws are 0 and 1.
+    lo, hi = S.stratified_bootstrap_ci([[0.0, 1.0]], statistic=S._mean_last, rng=rng())
+    assert (lo, hi) == (0.0, 1.0)
+
+
+def test_bootstrap_ci_constant_and_single_seed() -> None:
+    assert S.stratified_bootstrap_ci([[3.0, 3.0, 3.0]], statistic=S._iqm_last, rng=rng()) == (3.0, 3.0)
+    lo, hi = S.stratified_bootstrap_ci([[3.0]], statistic=S._iqm_last, rng=rng())
+    assert math.isnan(lo) and math.isnan(hi)  # one seed: no interval, not a zero-width one
+
+
+def test_bootstrap_is_stratified() -> None:
+    # Stratum A is always [0, 0]; stratum B always [10, 10]: every resample keeps two of each, so the
+    # mean is exactly 5. An unstratified bootstrap over the four values would spread over 0..10.
+    lo, hi = S.stratified_bootstrap_ci([[0.0, 0.0], [10.0, 10.0]], statistic=S._mean_last, rng=rng())
+    assert (lo, hi) == (5.0, 5.0)
+
+
+def test_bootstrap_matches_scipy_percentile_bootstrap() -> None:
+    x = np.array([412.0, 455.0, 470.0, 390.0, 498.0, 430.0, 461.0, 445.0])
+    lo, hi = S.stratified_bootstrap_ci([x], statistic=S._mean_last, rng=rng(1), reps=20_000)
+    ref = sps.bootstrap((x,), np.mean, n_resamples=20_000, method="percentile", rng=np.random.default_rng(2))
+    assert lo == pytest.approx(ref.confidence_interval.low, abs=3.0)
+    assert hi == pytest.approx(ref.confidence_interval.high, abs=3.0)
+
+
+def test_bootstrap_is_reproducible_with_the_same_rng_seed() -> None:
+    x = [1.0, 5.0, 2.0, 8.0, 3.0]
+    a = S.stratified_bootstrap_ci([x], statistic=S._iqm_last, rng=rng(7))
+    b = S.stratified_bootstrap_ci([x], statistic=S._iqm_last, rng=rng(7))
+    assert a == b
+
+
+def test_probability_of_improvement_by_hand() -> None:
+    assert S.probability_of_improvement([1, 2], [0, 3]) == pytest.approx(0.5)  # 1>0, 2>0; 3 beats both
+    assert S.probability_of_improvement([1, 2], [1]) == pytest.approx(0.75)  # tie counts 1/2, 2>1
+    assert S.probability_of_improvement([5, 6], [1, 2, 3]) == 1.0
+    assert S.probability_of_improvement([1], [5]) == 0.0
+    # P(X > Y) + P(Y > X) = 1 (ties split evenly)
+    x, y = [3, 1, 4, 1, 5], [9, 2, 6, 5, 3]
+    assert S.probability_of_improvement(x, y) + S.probability_of_improvement(y, x) == pytest.approx(1.0)
+    # The Mann-Whitney U statistic divided by n_x n_y is the same number.
+    u = sps.mannwhitneyu(x, y).statistic
+    assert S.probability_of_improvement(x, y) == pytest.approx(u / 25)
+
+
+def test_probability_of_improvement_ci() -> None:
+    lo, hi = S.probability_of_improvement_ci([5, 6, 7], [1, 2, 3], rng=rng())
+    assert (lo, hi) == (1.0, 1.0)  # every resample of X beats every resample of Y
+    lo, hi = S.probability_of_improvement_ci([1], [2], rng=rng())
+    assert math.isnan(lo) and math.isnan(hi)
+
+
+def test_interpolate_curve_does_not_extrapolate() -> None:
+    grid = [0, 5, 10, 15, 20, 25]
+    got = S.interpolate_curve([20, 10], [40.0, 20.0], grid)  # unsorted on purpose
+    np.testing.assert_allclose(got, [np.nan, np.nan, 20.0, 30.0, 40.0, np.nan])
+    # NaN returns (no episode completed at that point) are skipped, not interpolated through as 0.
+    got = S.interpolate_curve([0, 10, 20], [0.0, np.nan, 20.0], [10])
+    np.testing.assert_allclose(got, [10.0])
+    assert np.isnan(S.interpolate_curve([], [], [1, 2])).all()
+
+
+def test_mean_curve_ci_counts_only_present_seeds() -> None:
+    v = np.array(
+        [
+            [1.0, 2.0, 3.0, np.nan],
+            [3.0, 4.0, 5.0, 6.0],
+            [np.nan, 6.0, 7.0, np.nan],
+        ]
+    )
+    mean, lo, hi, n = S.mean_curve_ci(v, rng=rng())
+    np.testing.assert_allclose(mean, [2.0, 4.0, 5.0, 6.0])
+    np.testing.assert_array_equal(n, [2, 3, 3, 1])
+    assert np.isnan(lo[3]) and np.isnan(hi[3])  # one seed there: no CI
+    # Columns 1 and 2 are the same seeds shifted by 1, so their intervals shift by exactly 1.
+    assert lo[2] - lo[1] == pytest.approx(1.0) and hi[2] - hi[1] == pytest.approx(1.0)
+    assert lo[1] >= 2.0 and hi[1] <= 6.0 and lo[1] < 4.0 < hi[1]
+    # Two values 1 and 3: resampled means are 1, 2 or 3, so the 95% CI is [1, 3].
+    assert (lo[0], hi[0]) == (1.0, 3.0)
+
+
+def _trials(rows: list[tuple[str, int, int, str, float, float, float]]) -> pd.DataFrame:
+    """(engine, workers, seed, status, final return, steps to target, wall s to target) -> a trials frame."""
+    return pd.DataFrame(
+        [
+            dict(
+                run_id=f"r{i}",
+                trial=f"{e}-ppo-w{w}-s{s}",
+                engine=e,
+                workers=w,
+                seed=s,
+                status=st,
+                reason="" if st == "FINISHED" else "why",
+                target_return=100.0,
+                budget_env_steps=1000,
+                final_return_mean=fr,
+                steps_to_target=stt,
+                wall_s_to_target=wst,
+                peak_rss_mb=100.0 * w,
+                cpu_seconds=10.0,
+                setup_s=1.0,
+            )
+            for i, (e, w, s, st, fr, stt, wst) in enumerate(rows)
+        ]
+    )
+
+
+def _points(spec: dict[str, list[tuple[int, float, float, float]]]) -> pd.DataFrame:
+    """run_id -> [(step, return, wall s, throughput)] -> the long history frame."""
+    rows = []
+    for rid, pts in spec.items():
+        for step, ret, wall, thr in pts:
+            for metric, v in (
+                (M.EPISODE_RETURN_MEAN, ret),
+                (M.WALL_TIME_S, wall),
+                (M.SAMPLE_THROUGHPUT, thr),
+                (M.ENV_STEPS_SAMPLED, float(step)),
+            ):
+                if not math.isnan(v):
+                    rows.append((rid, metric, step, v))
+    return pd.DataFrame(rows, columns=["run_id", "metric", "step", "value"])
+
+
+def test_compute_by_hand() -> None:
+    nan = math.nan
+    trials = _trials(
+        [
+            ("crossrl", 1, 0, "FINISHED", 100.0, 500.0, 5.0),
+            ("crossrl", 1, 1, "FINISHED", 120.0, 700.0, 7.0),
+            ("crossrl", 2, 0, "FINISHED", 130.0, 400.0, 2.0),
+            ("crossrl", 2, 1, "FINISHED", 110.0, nan, nan),
+            ("rllib", 1, 0, "FINISHED", 90.0, nan, nan),
+            ("rllib", 1, 1, "FAILED", 500.0, 10.0, 0.1),  # failed: its numbers must not count
+        ]
+    )
+    points = _points(
+        {
+            "r0": [(0, 0.0, 0.0, 100.0), (500, 100.0, 5.0, 300.0), (1000, 100.0, 10.0, 200.0)],
+            "r1": [(0, 20.0, 0.0, 100.0), (500, nan, 5.0, 100.0), (1000, 120.0, 10.0, 100.0)],
+            "r2": [(0, 0.0, 0.0, 400.0), (1000, 130.0, 5.0, 400.0)],
+            "r3": [(0, 0.0, 0.0, 300.0), (1000, 110.0, 5.0, 500.0)],
+            "r4": [(0, 0.0, 0.0, 50.0), (1000, 90.0, 20.0, 50.0)],
+            "r5": [(0, 999.0, 0.0, 1e6)],
+        }
+    )
+    st = S.compute(trials=trials, points=points, rng=rng(), grid_points=3)
+
+    fr = st.final_return.set_index(["engine", "workers"])
+    assert fr.loc[("crossrl", 1), "iqm"] == pytest.approx(110.0)
+    assert fr.loc[("rllib", 1), "n_seeds"] == 1 and math.isnan(fr.loc[("rllib", 1), "ci_low"])
+
+    # Grid 0, 500, 1000. crossrl w1 at 500: seed 0 has 100, seed 1 interpolates 20..120 to 70.
+    c = st.curves_steps
+    cw1 = c[(c.engine == "crossrl") & (c.workers == 1)]
+    np.testing.assert_allclose(cw1["x"], [0, 500, 1000])
+    np.testing.assert_allclose(cw1["mean"], [10.0, 85.0, 110.0])
+
+    tt = st.time_to_target.set_index(["engine", "workers"])
+    assert tt.loc[("crossrl", 1), "median_steps"] == 600.0 and tt.loc[("crossrl", 1), "median_reached"]
+    assert tt.loc[("crossrl", 1), "median_wall_s"] == 6.0
+    # One of two seeds not reached: the median lies on an infinite value -> not reached within 1000 steps.
+    assert not tt.loc[("crossrl", 2), "median_reached"] and tt.loc[("crossrl", 2), "n_reached"] == 1
+    assert tt.loc[("crossrl", 2), "steps_censored_at"] == 1000
+    assert tt.loc[("crossrl", 2), "wall_censored_at"] == 5.0  # how long the unreached seed trained
+    assert tt.loc[("rllib", 1), "n_seeds"] == 1 and tt.loc[("rllib", 1), "wall_censored_at"] == 20.0
+
+    thr = st.throughput.set_index(["engine", "workers"])
+    # Per trial medians: r0 200, r1 100 -> median over seeds 150; r2 400, r3 400 -> 400.
+    assert thr.loc[("crossrl", 1), "median"] == 150.0
+    assert (thr.loc[("crossrl", 1), "min"], thr.loc[("crossrl", 1), "max"]) == (100.0, 200.0)
+    assert thr.loc[("crossrl", 2), "median"] == 400.0
+    sc = st.scaling.set_index(["engine", "workers"])
+    assert sc.loc[("crossrl", 2), "speedup"] == pytest.approx(400 / 150)
+    assert sc.loc[("crossrl", 2), "efficiency"] == pytest.approx(400 / 150 / 2)
+    assert sc.loc[("rllib", 1), "speedup"] == 1.0
+
+    imp = st.improvement.set_index(["workers", "engine_x", "engine_y"])
+    assert imp.loc[(1, "crossrl", "rllib"), "p"] == 1.0  # 100 and 120 both beat 90 (the failed 500 is out)
+    assert list(st.problems["status"]) == ["FAILED"] and list(st.problems["reason"]) == ["why"]
+    assert st.target_return == 100.0 and st.budget_env_steps == 1000
+
+
+def test_compute_without_target_or_points() -> None:
+    trials = _trials([("torchrl", 1, 0, "SKIPPED", math.nan, math.nan, math.nan)])
+    trials["target_return"] = math.nan
+    points = pd.DataFrame({"run_id": [], "metric": [], "step": [], "value": []})
+    st = S.compute(trials=trials, points=points, rng=rng())
+    assert st.final_return.empty and st.curves_steps.empty and st.time_to_target.empty
+    assert math.isnan(st.target_return) and len(st.problems) == 1
+
+
+def test_speedup_baseline_is_smallest_worker_count_without_one_worker() -> None:
+    trials = _trials([("rllib", 2, 0, "FINISHED", 1.0, 1.0, 1.0), ("rllib", 4, 0, "FINISHED", 1.0, 1.0, 1.0)])
+    points = _points({"r0": [(10, 1.0, 1.0, 100.0)], "r1": [(10, 1.0, 1.0, 150.0)]})
+    sc = S.compute(trials=trials, points=points, rng=rng()).scaling.set_index("workers")
+    assert sc.loc[4, "baseline_workers"] == 2 and sc.loc[4, "speedup"] == 1.5
+    assert sc.loc[4, "efficiency"] == pytest.approx(0.75)  # 1.5x on twice the workers
