@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -26,6 +27,7 @@ def results_dir(tmp_path: Path) -> Path:
 
 
 SUPPORT = Path(__file__).parent / "support"
+sys.path.insert(0, str(SUPPORT))  # test helpers (browser driver, fault engine, crash env)
 
 
 @pytest.fixture

@@ -79,3 +79,55 @@ def test_engine_honours_the_contract(smoke_run: dict[str, Any], engine: str) -> 
         run = store.client.get_run(row["run_id"])
         assert run.data.params["hp.train_batch"] == "512"
         assert any(k.startswith("native.") for k in run.data.params), f"{name}: no native.* params"
+
+
+def _final_return_from_history(hist: Any) -> float:
+    """The runner's definition, recomputed independently: episode-weighted mean of the returns over
+    the points in the last 10% of the env steps sampled."""
+    wide = hist.pivot_table(index="step", columns="metric", values="value", aggfunc="last")
+    wide = wide.dropna(subset=[M.EPISODE_RETURN_MEAN])
+    tail = wide[wide.index >= 0.9 * wide.index.max()]
+    w = tail[M.EPISODES_THIS_POINT]
+    return float((tail[M.EPISODE_RETURN_MEAN] * w).sum() / w.sum())
+
+
+def test_smoke_report_numbers_match_the_raw_history(smoke_run: dict[str, Any]) -> None:
+    import statistics
+
+    from scipy.stats import trim_mean
+
+    from crossrl.reports.render import load_report_json
+
+    doc = load_report_json(smoke_run["report_dir"] / "report.json")
+    loaded: Loaded = smoke_run["loaded"]
+    assert doc["fingerprint"] == loaded.meta["fingerprint"] and doc["parent_run_id"] == loaded.meta["parent_run_id"]
+    assert {r["engine"] for r in doc["final_return"]} == {"crossrl", "rllib", "torchrl"}
+    for row in doc["final_return"]:
+        trials = loaded.trials[(loaded.trials.engine == row["engine"]) & (loaded.trials.workers == row["workers"])]
+        finals = [_final_return_from_history(loaded.points[loaded.points.run_id == rid]) for rid in trials.run_id]
+        assert row["iqm"] == pytest.approx(float(trim_mean(finals, 0.25)), rel=1e-9), row
+    for row in doc["throughput"]:
+        trials = loaded.trials[(loaded.trials.engine == row["engine"]) & (loaded.trials.workers == row["workers"])]
+        per_trial = [
+            statistics.median(
+                loaded.points[(loaded.points.run_id == rid) & (loaded.points.metric == M.SAMPLE_THROUGHPUT)].value
+            )
+            for rid in trials.run_id
+        ]
+        assert row["median"] == pytest.approx(statistics.median(per_trial), rel=1e-9), row
+        assert row["min"] == pytest.approx(min(per_trial)) and row["max"] == pytest.approx(max(per_trial))
+    # the report was also attached to the parent run, so it shows in the MLflow UI
+    store: ResultsStore = smoke_run["store"]
+    names = {a.path for a in store.client.list_artifacts(loaded.meta["parent_run_id"], "report")}
+    assert names == {"report/report.html", "report/report.md", "report/report.json"}
+
+
+def test_smoke_report_opens_in_chromium(smoke_run: dict[str, Any], tmp_path: Path) -> None:
+    from browser import CHROMIUM, check_report_in_chromium
+
+    if not CHROMIUM.exists():
+        pytest.skip("needs /usr/bin/chromium (`make test` installs it)")
+    shot = check_report_in_chromium(
+        smoke_run["report_dir"] / "report.html", tmp_path, engines=["crossrl", "rllib", "torchrl"]
+    )
+    assert shot.exists()

@@ -1,0 +1,191 @@
+"""TorchRL adapter: the hyperparameter mapping table, and tiny real trials on CartPole."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import psutil
+import pytest
+import torch
+import torchrl
+from tensordict import TensorDict
+
+from crossrl.adapters.base import ListSink
+from crossrl.adapters.registry import BUILTIN
+from crossrl.adapters.torchrl import (
+    HYPERPARAM_MAP,
+    TorchrlAdapter,
+    completed_episodes,
+    frames_per_batch,
+    mapping_for,
+    mapping_markdown,
+    unmapped,
+)
+from crossrl.core import metrics as M
+from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+from crossrl.scenarios.spec import ScenarioSpec, Trial
+
+TORCHRL_ALGOS = sorted(BUILTIN["torchrl"].supported)
+
+
+def make_trial(algorithm: str, *, workers: int = 1, env_steps: int = 2048, envs: int = 4, **hp: Any) -> Trial:
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": "torchrl-test",
+            "env": {"id": "CartPole-v1"},
+            "algorithm": {"name": algorithm, "hyperparams": hp},
+            "engines": ["torchrl"],
+            "execution": {"workers": [workers], "envs_per_worker": envs},
+            "budget": {"env_steps": env_steps},
+            "seeds": [3],
+        }
+    )
+    (trial,) = spec.trials()
+    return trial
+
+
+def _live_children() -> list[psutil.Process]:
+    """Child processes still running, but not multiprocessing's own resource tracker (one per parent)."""
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if (
+                p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE
+                and "resource_tracker" not in " ".join(p.cmdline())
+            ):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def run_and_check(trial: Trial, *, collector: str) -> ListSink:
+    """Run the trial for real and check what it reported: the contract every trial must meet."""
+    sink = ListSink(trial)
+    TorchrlAdapter().run(trial, sink)
+    kinds = [m["kind"] for m in sink.messages]
+    assert kinds.index("native_config") < kinds.index("setup") < kinds.index("point")
+    tags = next(m["tags"] for m in sink.messages if m["kind"] == "tags")
+    assert tags["engine_version"] == torchrl.__version__ == "0.14.1"
+    assert tags["collector"] == collector
+    native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert native["collector"]["class"] == collector
+    assert native["collector"]["kwargs"]["frames_per_batch"] == frames_per_batch(trial)
+    assert set(native["hyperparams"]) == set(trial.hyperparams)
+
+    points = sink.points
+    steps = [p[M.ENV_STEPS_SAMPLED] for p in points]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps), "env_steps_sampled must grow"
+    assert trial.budget.env_steps <= steps[-1] < trial.budget.env_steps + 2 * frames_per_batch(trial) * trial.workers
+    trained = [p[M.ENV_STEPS_TRAINED] for p in points]
+    assert trained == sorted(trained) and trained[-1] > 0
+    assert all(p[M.SAMPLE_THROUGHPUT] > 0 for p in points)
+    returns = [p[M.EPISODE_RETURN_MEAN] for p in points if M.EPISODE_RETURN_MEAN in p]
+    assert returns, "no episode completed"
+    assert all(math.isfinite(r) and 1.0 <= r <= 500.0 for r in returns)  # CartPole-v1's range
+    assert points[-1][M.EPISODES_TOTAL] >= len(returns)
+    # CartPole pays 1 per step, so a return equals its length: checks RewardSum against StepCounter.
+    assert all(p[M.EPISODE_RETURN_MEAN] == p[M.EPISODE_LEN_MEAN] for p in points if M.EPISODE_RETURN_MEAN in p)
+    for key in (M.TIME_SAMPLE_S, M.TIME_LEARN_S, M.TIME_SYNC_WEIGHTS_S):
+        assert all(p[key] >= 0 for p in points)
+    losses = [p for p in points if M.VALUE_LOSS in p]
+    assert losses and all(math.isfinite(p[M.VALUE_LOSS]) for p in losses)
+    assert not _live_children(), "collector processes outlived collector.shutdown()"
+    return sink
+
+
+@pytest.mark.parametrize("algorithm", TORCHRL_ALGOS)
+def test_mapping_covers_every_shared_hyperparameter(algorithm: str) -> None:
+    assert unmapped(algorithm) == []
+    table = mapping_markdown()
+    for name in HYPERPARAM_DEFAULTS[algorithm]:
+        assert f"`{name}`" in table
+
+
+def test_mapping_has_one_row_per_name_and_algorithm() -> None:
+    seen = [(m.shared, a) for m in HYPERPARAM_MAP for a in m.algorithms]
+    assert len(seen) == len(set(seen))
+    assert {a for _, a in seen} == set(TORCHRL_ALGOS)
+    assert mapping_for("ppo")["clip"].torchrl == "ClipPPOLoss(clip_epsilon=)"
+    assert "lmbda" in mapping_for("a2c")["gae_lambda"].torchrl
+
+
+def test_frames_per_batch_rounds_to_whole_steps_per_env() -> None:
+    assert frames_per_batch(make_trial("ppo", workers=2, envs=4, train_batch=4000)) == 4000
+    assert frames_per_batch(make_trial("ppo", workers=2, envs=3, train_batch=4000)) == 4002
+    assert frames_per_batch(make_trial("a3c", workers=2, envs=4, train_batch=100)) == 100  # per worker
+    assert frames_per_batch(make_trial("impala", workers=2, envs=4, rollout_fragment=50)) == 200
+    assert frames_per_batch(make_trial("dqn", workers=2, envs=4, rollout_fragment=4)) == 32
+
+
+def test_completed_episodes_reads_done_steps_only() -> None:
+    done = torch.tensor([[False, True, False], [False, False, True]]).unsqueeze(-1)
+    data = TensorDict(
+        {
+            "next": {
+                "done": done,
+                "episode_reward": torch.tensor([[1.0, 2.0, 1.0], [1.0, 2.0, 3.0]]).unsqueeze(-1),
+                "step_count": torch.tensor([[1, 2, 1], [1, 2, 3]]).unsqueeze(-1),
+            }
+        },
+        batch_size=[2, 3],
+    )
+    assert completed_episodes(data) == ([2.0, 3.0], [2, 3])
+
+
+def test_prioritized_replay_is_refused_with_the_reason() -> None:
+    trial = make_trial("dqn", prioritized_replay=True)
+    with pytest.raises(NotImplementedError, match="C\\+\\+ extension.*torch 2.13"):
+        TorchrlAdapter().run(trial, ListSink(trial))
+
+
+def test_ppo_one_worker_cartpole() -> None:
+    trial = make_trial("ppo", env_steps=2048, train_batch=512, minibatch=128, epochs=2)
+    sink = run_and_check(trial, collector="Collector")
+    native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert native["loss"]["class"] == "ClipPPOLoss"
+    assert native["loss"]["kwargs"]["clip_epsilon"] == 0.2
+    assert native["value_estimator"] == {"class": "GAE", "kwargs": {"gamma": 0.99, "lmbda": 0.95}}
+    assert all(M.POLICY_LOSS in p and M.ENTROPY in p for p in sink.points)
+
+
+def test_dqn_one_worker_cartpole() -> None:
+    trial = make_trial("dqn", env_steps=1500, learning_starts=300, buffer_size=5000)
+    sink = run_and_check(trial, collector="Collector")
+    native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert native["loss"]["kwargs"]["double_dqn"] is True
+    assert native["replay_buffer"]["storage"] == "LazyTensorStorage(5000)"
+    # No gradient step before learning_starts env steps.
+    assert all(p[M.ENV_STEPS_TRAINED] == 0 for p in sink.points if p[M.ENV_STEPS_SAMPLED] < 300)
+
+
+@pytest.mark.integration
+def test_ppo_two_workers_cartpole() -> None:
+    run_and_check(
+        make_trial("ppo", workers=2, env_steps=2048, train_batch=512, epochs=2), collector="MultiSyncCollector"
+    )
+
+
+@pytest.mark.integration
+def test_a2c_one_worker_cartpole() -> None:
+    run_and_check(make_trial("a2c", env_steps=1500), collector="Collector")
+
+
+@pytest.mark.integration
+def test_a3c_two_workers_async() -> None:
+    run_and_check(make_trial("a3c", workers=2, env_steps=1500), collector="MultiAsyncCollector")
+
+
+@pytest.mark.integration
+def test_impala_two_workers_vtrace() -> None:
+    sink = run_and_check(make_trial("impala", workers=2, env_steps=2000), collector="MultiAsyncCollector")
+    native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert native["value_estimator"]["class"] == "VTrace"
+    assert native["value_estimator"]["kwargs"]["rho_thresh"] == 1.0
+
+
+@pytest.mark.integration
+def test_dqn_two_workers_sync() -> None:
+    run_and_check(make_trial("dqn", workers=2, env_steps=1500, learning_starts=300), collector="MultiSyncCollector")

@@ -1,0 +1,124 @@
+"""The crossrl engine end to end: real Ray actors, real envs, metrics through a ListSink."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+
+from crossrl.adapters.base import ListSink
+from crossrl.adapters.crossrl import CrossrlAdapter
+from crossrl.core import cluster
+from crossrl.core import metrics as M
+from crossrl.scenarios.spec import ScenarioSpec, Trial
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    cluster.connect(None, num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def make_trial(algorithm: str, *, env_steps: int, optimizer: str | None = None, **hp: Any) -> Trial:
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": f"test-{algorithm}",
+            "env": {"id": "CartPole-v1"},
+            "algorithm": {"name": algorithm, "hyperparams": hp, "model": {"hidden": [32, 32]}},
+            "engines": ["crossrl"],
+            "execution": {"workers": 2, "envs_per_worker": 4, "optimizer": optimizer},
+            "budget": {"env_steps": env_steps},
+        }
+    )
+    return spec.trials()[0]
+
+
+def run(trial: Trial, adapter: CrossrlAdapter | None = None) -> ListSink:
+    sink = ListSink(trial)
+    (adapter or CrossrlAdapter()).run(trial, sink)
+    return sink
+
+
+def check_common_metrics(sink: ListSink, *, min_points: int = 2) -> list[dict[str, float]]:
+    points = sink.points
+    assert len(points) >= min_points
+    assert sink.setup_s is not None
+    steps = [p[M.ENV_STEPS_SAMPLED] for p in points]
+    assert steps == sorted(steps) and steps[-1] >= sink.trial.budget.env_steps
+    for p in points:
+        for key in (M.ENV_STEPS_SAMPLED, M.WALL_TIME_S, M.EPISODES_TOTAL, M.SAMPLE_THROUGHPUT, M.WORKER_RESTARTS):
+            assert key in p, f"{key} missing from {sorted(p)}"
+        assert p[M.SAMPLE_THROUGHPUT] > 0
+    with_returns = [p for p in points if M.EPISODE_RETURN_MEAN in p]
+    assert with_returns, "no point reported an episode return"
+    # CartPole pays 1 per step: the mean return equals the mean length, both within [1, 500].
+    for p in with_returns:
+        assert 1 <= p[M.EPISODE_RETURN_MEAN] <= 500
+        assert p[M.EPISODE_RETURN_MEAN] == pytest.approx(p[M.EPISODE_LEN_MEAN])
+    trained = [p for p in points if M.POLICY_LOSS in p]
+    assert trained and all(M.VALUE_LOSS in p and M.ENTROPY in p for p in trained)
+    assert points[-1][M.EPISODES_TOTAL] > 0
+    return points
+
+
+def test_ppo_two_remote_evaluators_reports_common_metrics() -> None:
+    trial = make_trial("ppo", env_steps=3000, train_batch=1000, minibatch=250, epochs=2)
+    sink = run(trial)
+    points = check_common_metrics(sink, min_points=3)
+    # 2 evaluators x 4 envs x 125 steps = 1000 rows; autoreset rows (one after each ended episode) are
+    # not env steps.
+    first = points[0]
+    assert 1000 - first[M.EPISODES_TOTAL] <= first[M.ENV_STEPS_SAMPLED] < 1000
+    assert all(p[M.WORKER_RESTARTS] == 0 for p in points)
+    kinds = {m["kind"] for m in sink.messages}
+    assert {"setup", "tags", "native_config", "point"} <= kinds
+
+
+def test_a2c_two_remote_evaluators_reports_common_metrics() -> None:
+    sink = run(make_trial("a2c", env_steps=2000, train_batch=400))
+    check_common_metrics(sink, min_points=4)
+
+
+def test_killed_evaluator_is_restarted_and_the_run_finishes() -> None:
+    killed: list[int] = []
+
+    def kill_one(iteration: int, evaluators: Any) -> None:
+        if iteration == 1:
+            ray.kill(evaluators.remotes[0], no_restart=True)
+            killed.append(iteration)
+
+    trial = make_trial("ppo", env_steps=4000, train_batch=800, minibatch=400, epochs=1)
+    sink = run(trial, CrossrlAdapter(on_iteration=kill_one))
+    points = check_common_metrics(sink, min_points=4)
+    assert killed == [1]
+    assert points[-1][M.WORKER_RESTARTS] >= 1
+    assert points[0][M.WORKER_RESTARTS] == 0
+    # The step that lost a batch sampled (and counted) only the surviving evaluator's half.
+    deltas = [b[M.ENV_STEPS_SAMPLED] - a[M.ENV_STEPS_SAMPLED] for a, b in zip(points, points[1:], strict=False)]
+    assert min(deltas) < 500 <= max(deltas)
+    assert points[-1][M.ENV_STEPS_SAMPLED] >= 4000
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "optimizer", "hp"),
+    [
+        ("a3c", None, {"train_batch": 100}),
+        ("impala", None, {"train_batch": 400, "rollout_fragment": 25}),
+        # The paper's point: the same loss under another execution strategy.
+        ("ppo", "async_gradients", {"train_batch": 200}),
+        ("a2c", "async_gradients", {"train_batch": 100}),
+        ("impala", "sync_samples", {"train_batch": 400}),
+    ],
+)
+def test_algorithm_under_optimizer_reports_common_metrics(
+    algorithm: str, optimizer: str | None, hp: dict[str, Any]
+) -> None:
+    trial = make_trial(algorithm, env_steps=1500, optimizer=optimizer, **hp)
+    sink = run(trial)
+    points = check_common_metrics(sink, min_points=3)
+    assert points[-1][M.ENV_STEPS_TRAINED] > 0
+    config = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert config["optimizer"] == (optimizer or {"a3c": "async_gradients", "impala": "async_samples"}[algorithm])

@@ -1,0 +1,133 @@
+"""Local (in-process) evaluator and policy: autoreset handling, episode stats, numpy inference, batches."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from crossrl.core import sample_batch as sb
+from crossrl.core.algorithms import load
+from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+from crossrl.core.evaluator import PolicyEvaluator
+from crossrl.core.policy import PolicySpec
+from crossrl.core.sample_batch import SampleBatch, concat
+from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+
+def evaluator(
+    env_id: str = "CartPole-v1", num_envs: int = 2, algorithm: str = "ppo", **kwargs: object
+) -> PolicyEvaluator:
+    alg = load(algorithm)
+    return PolicyEvaluator(
+        env_spec=EnvSpec(id=env_id, kwargs=dict(kwargs)),
+        num_envs=num_envs,
+        policy_factory=PolicySpec(
+            policy_cls=alg.policy_cls,
+            hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS[algorithm]),
+            model=ModelSpec(hidden=(16, 16)),
+        ),
+        seed=3,
+        worker_index=0,
+    )
+
+
+def test_autoreset_rows_are_not_transitions_and_truncation_bootstraps_from_final_obs() -> None:
+    ev = evaluator(max_episode_steps=5)  # random CartPole never falls within 5 steps: all truncated
+    batch = ev.sample(num_steps=12)
+    assert batch.time_major and batch[sb.OBS].shape == (12, 2, 4)
+    valid = batch[sb.VALID][:, 0]
+    assert valid.tolist() == [True] * 5 + [False] + [True] * 5 + [False]
+    assert batch[sb.TRUNCATEDS][:, 0].tolist() == [False] * 4 + [True] + [False] * 5 + [True, False]
+    assert not batch[sb.TERMINATEDS].any()
+    assert batch.num_env_steps() == 20
+    assert batch.episode_lengths == [5, 5, 5, 5] and batch.episode_returns == [5.0] * 4
+    # The autoreset row holds the final obs; its value is what the truncated row bootstraps on.
+    np.testing.assert_array_equal(batch[sb.OBS][5], batch[sb.NEXT_OBS][4])
+    np.testing.assert_allclose(batch[sb.VF_PREDS][5], ev.policy.value(batch[sb.NEXT_OBS][4]), rtol=1e-6)  # type: ignore[attr-defined]
+    # Truncated row: advantage = r + gamma * V(final obs) - V(obs); GAE stops there.
+    gamma = ev.policy.hp["gamma"]
+    v, vn = batch[sb.VF_PREDS][4], batch[sb.VF_PREDS][5]
+    np.testing.assert_allclose(batch[sb.ADVANTAGES][4], 1.0 + gamma * vn - v, rtol=1e-5)
+    np.testing.assert_array_equal(batch[sb.ADVANTAGES][~batch[sb.VALID]], 0.0)
+    flat = batch.flatten()
+    assert len(flat[sb.OBS]) == 20 and flat[sb.VALID].all()
+    # The next call continues the episodes: row 11 was the reset, so row 0 is a transition again.
+    nxt = ev.sample(num_steps=3)
+    assert nxt[sb.VALID].all() and nxt.episode_lengths == []
+
+
+def test_continuous_actions_are_clipped_for_the_env_but_stored_raw() -> None:
+    ev = evaluator("Pendulum-v1", num_envs=3)
+    batch = ev.sample(num_steps=20)
+    assert batch[sb.ACTIONS].shape == (20, 3, 1)
+    assert batch[sb.ADVANTAGES].shape == (20, 3)
+    assert (batch[sb.REWARDS] <= 0).all()
+    logp, _, values = ev.policy.evaluate(  # type: ignore[attr-defined]
+        torch.as_tensor(batch[sb.OBS]), torch.as_tensor(batch[sb.ACTIONS])
+    )
+    np.testing.assert_allclose(logp.detach().numpy(), batch[sb.LOGP], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(values.detach().numpy(), batch[sb.VF_PREDS], rtol=1e-4, atol=1e-5)
+
+
+def test_numpy_inference_matches_torch_and_gumbel_sampling_matches_softmax() -> None:
+    ev = evaluator()
+    pol = ev.policy
+    obs = np.random.default_rng(0).normal(size=(4096, 4)).astype(np.float32)
+    obs[:] = obs[0]  # one state, many draws
+    actions, extra = pol.compute_actions(obs)
+    logp, _, values = pol.evaluate(torch.as_tensor(obs), torch.as_tensor(actions))  # type: ignore[attr-defined]
+    np.testing.assert_allclose(extra[sb.LOGP], logp.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(extra[sb.VF_PREDS], values.detach().numpy(), rtol=1e-5, atol=1e-6)
+    p1 = float(np.exp(logp.detach().numpy()[actions == 1][0])) if (actions == 1).any() else 0.0
+    assert abs((actions == 1).mean() - p1) < 0.03
+    # Weights set from elsewhere change the numpy path too (its cache is dropped).
+    w = pol.get_weights()
+    w = {k: v * 0 for k, v in w.items()}
+    pol.set_weights(w)
+    _, extra = pol.compute_actions(obs[:2])
+    np.testing.assert_allclose(extra[sb.VF_PREDS], 0.0)
+    np.testing.assert_allclose(extra[sb.LOGP], np.log(0.5), rtol=1e-6)
+
+
+def test_gradients_computed_elsewhere_apply_like_local_sgd() -> None:
+    a, b = evaluator(algorithm="a2c"), evaluator(algorithm="a2c")
+    b.set_weights(a.get_weights())
+    batch = a.sample(num_steps=16)
+    grads, stats = b.compute_gradients(batch)
+    assert {"policy_loss", "value_loss", "entropy"} <= set(stats)
+    a.policy.apply_gradients(grads)
+    b.learn_on_batch(batch)  # one full-batch SGD step with the same optimizer settings
+    for k, v in a.get_weights().items():
+        np.testing.assert_allclose(v, b.get_weights()[k], rtol=1e-5, atol=1e-6)
+
+
+def test_sample_batch_concat_pickle_and_minibatches() -> None:
+    import pickle
+
+    ev = evaluator()
+    b1, b2 = ev.sample(num_steps=8), ev.sample(num_steps=8)
+    both = concat([b1, b2])
+    assert both[sb.OBS].shape == (8, 4, 4)  # time-major: along the env axis
+    assert both.num_env_steps() == b1.num_env_steps() + b2.num_env_steps()
+    copy = pickle.loads(pickle.dumps(both))
+    assert isinstance(copy, SampleBatch) and copy.time_major and copy.episode_returns == both.episode_returns
+    rows = sum(len(mb[sb.OBS]) for mb in both.minibatches(size=5, rng=np.random.default_rng(0)))
+    assert rows == both.num_env_steps()
+    stats = both.stats_only()
+    assert not stats and stats.num_env_steps() == both.num_env_steps()
+    with pytest.raises(ValueError, match="columns differ"):
+        concat([b1, SampleBatch({sb.OBS: b1[sb.OBS]}, time_major=True)])
+
+
+def test_policy_rejects_unsupported_spaces() -> None:
+    alg = load("ppo")
+    with pytest.raises(TypeError, match="Discrete and Box"):
+        alg.policy_cls(
+            observation_space=gym.spaces.Box(-1, 1, (3,)),
+            action_space=gym.spaces.MultiBinary(2),
+            hyperparams=HYPERPARAM_DEFAULTS["ppo"],
+            model=ModelSpec(),
+            seed=0,
+        )

@@ -1,0 +1,133 @@
+"""DQN (sync replay) and Ape-X (async replay) a few iterations on CartPole with 2 remote evaluators,
+through the crossrl adapter, checking the metrics they report; one evaluator is killed mid-run."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+
+from crossrl.adapters.base import ListSink
+from crossrl.adapters.crossrl import CrossrlAdapter
+from crossrl.core import cluster
+from crossrl.core import metrics as M
+from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.optimizers.async_replay import AsyncReplayOptimizer
+from crossrl.core.policy import PolicySpec
+from crossrl.core.q_policy import QPolicy
+from crossrl.scenarios.spec import ScenarioSpec, Trial
+
+FAST = {"learning_starts": 200, "target_update": 200, "buffer_size": 5000}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    cluster.connect(None, num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def make_trial(algorithm: str, *, env_steps: int, optimizer: str | None = None, **hp: Any) -> Trial:
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": f"test-{algorithm}",
+            "env": {"id": "CartPole-v1"},
+            "algorithm": {"name": algorithm, "hyperparams": hp, "model": {"hidden": [32, 32]}},
+            "engines": ["crossrl"],
+            "execution": {"workers": 2, "envs_per_worker": 2, "optimizer": optimizer},
+            "budget": {"env_steps": env_steps},
+        }
+    )
+    return spec.trials()[0]
+
+
+def kill_first_evaluator_after_first_point(i: int, evaluators: EvaluatorSet) -> None:
+    if i == 0:
+        ray.kill(evaluators.remotes[0], no_restart=True)
+
+
+def run(trial: Trial, *, steps_per_iteration: int, monkeypatch: pytest.MonkeyPatch) -> ListSink:
+    """Run through the adapter with ``steps_per_iteration`` (an algorithm extra, not a spec field) lowered.
+
+    Evaluator 1 is killed after the first point: the run must finish and count the restart.
+    """
+    module = importlib.import_module(f"crossrl.core.algorithms.{trial.algorithm}")
+    alg = module.ALGORITHM
+    extra = {**alg.extra_defaults, "steps_per_iteration": steps_per_iteration}
+    monkeypatch.setattr(module, "ALGORITHM", dataclasses.replace(alg, extra_defaults=extra))
+    sink = ListSink(trial)
+    CrossrlAdapter(on_iteration=kill_first_evaluator_after_first_point).run(trial, sink)
+    return sink
+
+
+def check_points(sink: ListSink) -> list[dict[str, float]]:
+    points = sink.points
+    assert len(points) >= 3
+    steps = [p[M.ENV_STEPS_SAMPLED] for p in points]
+    assert steps == sorted(steps) and steps[-1] >= sink.trial.budget.env_steps
+    for p in points:
+        for key in (*M.REQUIRED_POINT_METRICS[:2], M.EPISODES_TOTAL, M.SAMPLE_THROUGHPUT, M.WORKER_RESTARTS):
+            assert key in p, f"{key} missing from {sorted(p)}"
+        assert p[M.SAMPLE_THROUGHPUT] > 0
+    assert points[0][M.WORKER_RESTARTS] == 0 and points[-1][M.WORKER_RESTARTS] == 1
+    returns = [p for p in points if M.EPISODE_RETURN_MEAN in p]
+    assert returns and all(1 <= p[M.EPISODE_RETURN_MEAN] <= 500 for p in returns)
+    assert all(p[M.EPISODE_RETURN_MEAN] == pytest.approx(p[M.EPISODE_LEN_MEAN]) for p in returns)
+    # Past learning_starts the driver trains and reports the TD loss as the value loss.
+    assert M.VALUE_LOSS in points[-1] and points[-1][M.VALUE_LOSS] >= 0
+    assert points[-1][M.ENV_STEPS_TRAINED] > 0
+    assert points[-1][M.TIME_SAMPLE_S] > 0 and points[-1][M.TIME_LEARN_S] > 0
+    return points
+
+
+def test_dqn_sync_replay_reports_common_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    trial = make_trial("dqn", env_steps=1200, replay_ratio=2.0, **FAST)
+    points = check_points(run(trial, steps_per_iteration=400, monkeypatch=monkeypatch))
+    # replay_ratio 2 after learning_starts: trained = 2 x (sampled - ~200), in whole batches of 32.
+    last = points[-1]
+    assert last[M.ENV_STEPS_TRAINED] % 32 == 0
+    assert 2 * (last[M.ENV_STEPS_SAMPLED] - 250) - 32 <= last[M.ENV_STEPS_TRAINED] <= 2 * last[M.ENV_STEPS_SAMPLED]
+
+
+def test_apex_async_replay_reports_common_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    trial = make_trial("apex", env_steps=1500, **FAST)
+    points = check_points(run(trial, steps_per_iteration=400, monkeypatch=monkeypatch))
+    # The learner never trains more than replay_ratio (1.0) x sampled transitions.
+    assert all(p[M.ENV_STEPS_TRAINED] <= p[M.ENV_STEPS_SAMPLED] for p in points)
+
+
+def test_apex_shards_fill_from_workers_and_epsilons_differ() -> None:
+    trial = make_trial("apex", env_steps=1, **FAST)
+    hp = {**trial.hyperparams, "steps_per_iteration": 300}
+    evaluators = EvaluatorSet(
+        env_spec=trial.env,
+        num_envs=2,
+        policy_factory=PolicySpec(policy_cls=QPolicy, hyperparams=hp, model=trial.model),
+        num_remote=2,
+        seed=0,
+    )
+    opt = AsyncReplayOptimizer(evaluators, hyperparams=hp)
+    try:
+        stats = [opt.step() for _ in range(3)]
+        sampled = sum(s.env_steps_sampled for s in stats)
+        eps = ray.get([r.apply.remote(_epsilon_of) for r in evaluators.remotes])
+        # Workers push to shards themselves; their last pushes may land just after the driver's count.
+        deadline = time.monotonic() + 10.0
+        while sum(sizes := opt.replay_sizes()) < sampled and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        opt.stop()
+        evaluators.stop()
+    assert eps == pytest.approx([0.4, 0.4**8])
+    assert len(sizes) == 2 and all(s > 0 for s in sizes)
+    # Every counted transition reached a shard (tasks launched after the last step may add more).
+    assert sum(sizes) >= sampled
+
+
+def _epsilon_of(evaluator: Any) -> float:
+    return float(evaluator.policy.epsilon)
