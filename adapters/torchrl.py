@@ -1,0 +1,321 @@
+"""TorchRL 0.14 engine: TorchRL's envs, collectors, losses and value estimators behind crossrl's Adapter.
+
+Each worker steps ``envs_per_worker`` copies of :func:`crossrl.core.envs.make_env` (the very same
+gymnasium env, step latency included) through ``GymWrapper`` inside a ``SerialEnv``: one process per
+worker stepping its envs one after another, as crossrl's core and RLlib's env runners do (a
+``ParallelEnv`` would add one process per env on top, which a 2-core machine cannot feed).
+``StepCounter`` and ``RewardSum`` transforms give each finished episode's length and return.
+
+Collectors: ``Collector`` (one worker, in this process), ``MultiSyncCollector`` (several local
+workers; PPO, A2C, DQN), ``MultiAsyncCollector`` (A3C-style and IMPALA: workers keep sampling with
+stale weights while the learner trains), ``RayCollector`` when the trial names a Ray cluster. The
+learners (losses, estimators, replay) live in :mod:`crossrl.adapters.torchrl_algos`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torchrl
+from tensordict import TensorDictBase
+from torchrl.envs import Compose, EnvBase, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
+
+from crossrl.adapters.base import MetricSink
+from crossrl.adapters.torchrl_algos import build_learner
+from crossrl.core import metrics as M
+from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+from crossrl.core.envs import make_env
+from crossrl.scenarios.spec import EnvSpec, Trial
+
+ON_POLICY_SYNC = ("ppo", "a2c")
+ASYNC = ("a3c", "impala")
+
+
+@dataclass(frozen=True)
+class HpMapping:
+    """One shared hyperparameter as TorchRL sees it, for the algorithms listed."""
+
+    shared: str
+    algorithms: tuple[str, ...]
+    torchrl: str  # where the value goes in TorchRL (class(argument=)), or "-" when nothing takes it
+    meaning: str
+    difference: str = ""  # what cannot be equalized, if anything
+
+
+_PG = ("ppo", "a2c", "a3c", "impala")
+_ALL = (*_PG, "dqn")
+
+HYPERPARAM_MAP: tuple[HpMapping, ...] = (
+    HpMapping("lr", _ALL, "torch.optim.Adam(lr=)", "learning rate", "Adam eps is torch's default 1e-8"),
+    HpMapping("gamma", _PG, "GAE(gamma=) / VTrace(gamma=)", "discount"),
+    HpMapping("gamma", ("dqn",), "TD0Estimator(gamma=), MultiStep(gamma=)", "discount"),
+    HpMapping("gae_lambda", ("ppo", "a2c", "a3c"), "GAE(lmbda=)", "GAE lambda"),
+    HpMapping("gae_lambda", ("impala",), "-", "unused", "TorchRL's VTrace has no lambda (acts as lambda = 1)"),
+    HpMapping("clip", ("ppo",), "ClipPPOLoss(clip_epsilon=)", "PPO ratio clip"),
+    HpMapping(
+        "vf_clip",
+        ("ppo",),
+        "ClipPPOLoss(clip_value=)",
+        "value clip",
+        "TorchRL clips the new value to old value +- clip_value (PPO2 style); RLlib clips the value loss itself",
+    ),
+    HpMapping(
+        "train_batch",
+        ON_POLICY_SYNC,
+        "collector frames_per_batch (total over workers)",
+        "env steps per update phase",
+        "rounded up to a multiple of workers x envs_per_worker",
+    ),
+    HpMapping(
+        "train_batch",
+        ("a3c",),
+        "MultiAsyncCollector frames_per_batch (one worker's batch)",
+        "env steps per gradient step; each worker batch is one A2C step",
+        "TorchRL has no asynchronous gradients: workers send samples with stale weights (A3C-style), "
+        "the driver computes the gradient",
+    ),
+    HpMapping("train_batch", ("impala",), "adapter: worker batches concatenated until >= train_batch", "learner batch"),
+    HpMapping("train_batch", ("dqn",), "ReplayBuffer(batch_size=)", "replayed transitions per gradient step"),
+    HpMapping("minibatch", ("ppo",), "adapter: shuffled split of the batch", "SGD minibatch (env steps)"),
+    HpMapping("epochs", ("ppo",), "adapter: passes over each batch", "SGD epochs per batch"),
+    HpMapping("entropy_coeff", _PG, "ClipPPOLoss / A2CLoss(entropy_coeff=)", "entropy bonus coefficient"),
+    HpMapping(
+        "vf_coeff",
+        _PG,
+        "ClipPPOLoss / A2CLoss(critic_coeff=), loss_critic_type='l2'",
+        "value loss coefficient",
+        "A2CLoss/ClipPPOLoss default to smooth_l1; set to l2 (squared error) to match",
+    ),
+    HpMapping("grad_clip", _ALL, "torch.nn.utils.clip_grad_norm_(max_norm=)", "global gradient norm clip"),
+    HpMapping(
+        "rollout_fragment",
+        (*ON_POLICY_SYNC, "a3c"),
+        "- (implied: frames_per_batch / (workers x envs_per_worker) steps per env)",
+        "env steps per env per sample call",
+        "TorchRL collectors size a batch by total frames, so the fragment follows from train_batch",
+    ),
+    HpMapping(
+        "rollout_fragment",
+        ("impala",),
+        "MultiAsyncCollector frames_per_batch / envs_per_worker",
+        "env steps per env per worker batch",
+    ),  # fmt: skip
+    HpMapping(
+        "rollout_fragment",
+        ("dqn",),
+        "collector frames_per_batch / (workers x envs_per_worker)",
+        "env steps per env between learner calls",
+    ),  # fmt: skip
+    HpMapping("buffer_size", ("dqn",), "LazyTensorStorage(max_size=)", "replay capacity (transitions)"),
+    HpMapping(
+        "learning_starts",
+        ("dqn",),
+        "adapter: no gradient step before this many env steps",
+        "warm-up env steps",
+        "TorchRL's init_random_frames would act uniformly at random instead; not used",
+    ),
+    HpMapping("target_update", ("dqn",), "HardUpdate, stepped every target_update env steps", "target net sync"),
+    HpMapping("n_step", ("dqn",), "MultiStep(n_steps=) applied to each batch before replay", "n-step return"),
+    HpMapping("epsilon_initial", ("dqn",), "EGreedyModule(eps_init=)", "initial exploration epsilon"),
+    HpMapping("epsilon_final", ("dqn",), "EGreedyModule(eps_end=)", "final exploration epsilon"),
+    HpMapping(
+        "epsilon_timesteps",
+        ("dqn",),
+        "EGreedyModule(annealing_num_steps=), .step(frames) per batch",
+        "env steps of linear epsilon decay",
+        "one epsilon for all workers, updated once per batch (weights sync)",
+    ),
+    HpMapping(
+        "replay_ratio",
+        ("dqn",),
+        "adapter: frames x ratio / train_batch gradient steps per batch",
+        "trained / sampled transitions",
+    ),  # fmt: skip
+    HpMapping("double_q", ("dqn",), "DQNLoss(double_dqn=)", "double Q-learning target"),
+    HpMapping(
+        "prioritized_replay",
+        ("dqn",),
+        "- (must be false)",
+        "prioritized replay",
+        "TorchRL's PrioritizedSampler needs its C++ extension, which does not load with torch 2.13: error",
+    ),
+    HpMapping("priority_alpha", ("dqn",), "-", "unused", "no prioritized replay on torchrl"),
+    HpMapping("priority_beta", ("dqn",), "-", "unused", "no prioritized replay on torchrl"),
+    HpMapping("vtrace_clip_rho", ("impala",), "VTrace(rho_thresh=)", "V-trace rho-bar"),
+    HpMapping("vtrace_clip_c", ("impala",), "VTrace(c_thresh=)", "V-trace c-bar"),
+)
+
+
+def mapping_for(algorithm: str) -> dict[str, HpMapping]:
+    """Shared name -> mapping, for one algorithm."""
+    return {m.shared: m for m in HYPERPARAM_MAP if algorithm in m.algorithms}
+
+
+def unmapped(algorithm: str) -> list[str]:
+    """Shared hyperparameters the algorithm has a default for that the table does not cover (should be [])."""
+    return sorted(set(HYPERPARAM_DEFAULTS[algorithm]) - set(mapping_for(algorithm)))
+
+
+def mapping_markdown() -> str:
+    """The table for the README's fairness section."""
+    rows = ["| crossrl name | algorithms | TorchRL 0.14 | meaning | difference that cannot be equalized |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for m in HYPERPARAM_MAP:
+        rows.append(f"| `{m.shared}` | {', '.join(m.algorithms)} | {m.torchrl} | {m.meaning} | {m.difference} |")
+    return "\n".join(rows)
+
+
+def make_torchrl_env(env_spec: EnvSpec, num_envs: int, *, worker_process: bool = False) -> EnvBase:
+    """``num_envs`` GymWrapper(make_env(spec)) stepped serially, with episode length/return counters.
+
+    Module-level (not a closure) so collector worker processes started with spawn can unpickle it.
+    """
+    if worker_process:
+        torch.set_num_threads(1)
+    base = SerialEnv(num_envs, functools.partial(_gym_env, env_spec), serial_for_single=True, mp_start_method=None)
+    return TransformedEnv(base, Compose(StepCounter(), RewardSum()))
+
+
+def _gym_env(env_spec: EnvSpec) -> GymWrapper:
+    return GymWrapper(make_env(env_spec), categorical_action_encoding=True)
+
+
+def _worker_init() -> None:
+    torch.set_num_threads(1)
+
+
+def _ceil_to(x: int, k: int) -> int:
+    return -(-x // k) * k
+
+
+def frames_per_batch(trial: Trial) -> int:
+    """The collector's frames_per_batch: total over workers (sync) or per worker batch (async)."""
+    envs, workers = trial.envs_per_worker, trial.workers
+    algo = trial.algorithm
+    if algo in ON_POLICY_SYNC:
+        return _ceil_to(int(trial.hp("train_batch")), envs * workers)
+    if algo == "a3c":
+        return _ceil_to(int(trial.hp("train_batch")), envs)
+    if algo == "impala":
+        return int(trial.hp("rollout_fragment")) * envs
+    return int(trial.hp("rollout_fragment")) * envs * workers  # dqn
+
+
+def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
+    """The collector for the trial and a JSON-able description of how it was built."""
+    from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+
+    fpb = frames_per_batch(trial)
+    sync = trial.algorithm not in ASYNC
+    common = {"frames_per_batch": fpb, "total_frames": -1, "auto_register_policy_transforms": False}
+    if trial.ray_address:
+        from torchrl.collectors.distributed import RayCollector
+
+        from crossrl.core.cluster import available_cpus
+
+        cpus = min(1.0, available_cpus() / trial.workers)  # never ask for more than the cluster has
+        remote = {"num_cpus": cpus, "num_gpus": 0}
+        env_fn = functools.partial(make_torchrl_env, trial.env, trial.envs_per_worker, worker_process=True)
+        # RayCollector treats total_frames=-1 as "nothing to collect" (it stops at once, measured), so give it
+        # enough frames to reach the budget; the adapter still stops at sink.exhausted.
+        total = _ceil_to(trial.budget.env_steps, fpb) + fpb * trial.workers
+        ray_kwargs = {
+            "frames_per_batch": fpb, "total_frames": total,
+            "num_collectors": trial.workers, "sync": sync, "collector_class": Collector,
+            "collector_kwargs": {"auto_register_policy_transforms": False}, "remote_configs": remote,
+        }  # fmt: skip
+        collector = RayCollector([env_fn] * trial.workers, policy, **ray_kwargs)  # type: ignore[arg-type]
+        return collector, {"class": "RayCollector", "kwargs": ray_kwargs, "ray_address": trial.ray_address}
+    if trial.workers == 1 and sync:
+        env = make_torchrl_env(trial.env, trial.envs_per_worker)
+        collector = Collector(env, policy, **common)
+        return collector, {"class": "Collector", "kwargs": common}
+    cls = MultiSyncCollector if sync else MultiAsyncCollector
+    env_fn = functools.partial(make_torchrl_env, trial.env, trial.envs_per_worker, worker_process=True)
+    multi: dict[str, Any] = {**common, "num_threads": 1, "num_sub_threads": 1}
+    if sync:
+        multi["cat_results"] = "stack"
+    collector = cls([env_fn] * trial.workers, policy, init_fn=_worker_init, **multi)
+    return collector, {"class": cls.__name__, "kwargs": {**multi, "num_workers": trial.workers}}
+
+
+def completed_episodes(data: TensorDictBase) -> tuple[list[float], list[int]]:
+    """Returns and lengths of the episodes that ended inside ``data`` (RewardSum / StepCounter at done)."""
+    done = data["next", "done"].squeeze(-1)
+    returns = data["next", "episode_reward"].squeeze(-1)[done]
+    lengths = data["next", "step_count"].squeeze(-1)[done]
+    return [float(r) for r in returns], [int(n) for n in lengths]
+
+
+class TorchrlAdapter:
+    """TorchRL 0.14: collectors, losses and value estimators."""
+
+    engine: ClassVar[str] = "torchrl"
+
+    def run(self, trial: Trial, sink: MetricSink) -> None:
+        # The networks are tiny: intra-op threads only spin against the samplers for the 2 cores
+        # (measured: a PPO minibatch step took 20 ms with 1 thread, 490 ms with 2, on a loaded machine).
+        torch.set_num_threads(1)
+        torch.manual_seed(trial.seed)
+        tags: dict[str, str] = {}
+        if trial.ray_address:
+            from crossrl.core.cluster import connect
+
+            tags = connect(trial.ray_address)
+        probe = _gym_env(trial.env)
+        obs_dim = int(probe.observation_spec["observation"].shape[-1])
+        n_actions = int(probe.action_spec.space.n)
+        probe.close()
+        learner = build_learner(trial=trial, obs_dim=obs_dim, n_actions=n_actions)
+        collector, collector_desc = build_collector(trial=trial, policy=learner.policy)
+        try:
+            collector.set_seed(trial.seed)
+            sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], **tags)
+            sink.native_config(
+                {
+                    "engine": "torchrl",
+                    "torchrl_version": torchrl.__version__,
+                    "collector": collector_desc,
+                    "env": f"TransformedEnv(SerialEnv({trial.envs_per_worker} x GymWrapper(make_env({trial.env.id}))), "
+                    "Compose(StepCounter(), RewardSum()))",
+                    **learner.native(),
+                    "hyperparams": {k: {"value": v, "torchrl": mapping_for(trial.algorithm)[k].torchrl}
+                                    for k, v in trial.hyperparams.items() if k in mapping_for(trial.algorithm)},
+                    "seed": trial.seed,
+                    "torch_num_threads": {"learner": torch.get_num_threads(), "collector_workers": 1},
+                }
+            )  # fmt: skip
+            sink.start_clock()
+            self._loop(collector=collector, learner=learner, sink=sink)
+        finally:
+            collector.shutdown()
+
+    @staticmethod
+    def _loop(*, collector: Any, learner: Any, sink: MetricSink) -> None:
+        """Sample, learn, sync weights, report; until the env-step budget is spent."""
+        batches = iter(collector)
+        sampled = trained = 0
+        while not sink.exhausted:
+            t0 = time.perf_counter()
+            data = next(batches)
+            t1 = time.perf_counter()
+            returns, lengths = completed_episodes(data)
+            sampled += data.numel()
+            n_trained, losses = learner.learn(data)
+            trained += n_trained
+            t2 = time.perf_counter()
+            if n_trained or learner.always_sync:
+                collector.update_policy_weights_()
+            t3 = time.perf_counter()
+            values = {M.TIME_SAMPLE_S: t1 - t0, M.TIME_LEARN_S: t2 - t1, M.TIME_SYNC_WEIGHTS_S: t3 - t2, **losses}
+            sink.point(
+                env_steps_sampled=sampled,
+                env_steps_trained=trained,
+                episode_returns=returns,
+                episode_lengths=lengths,
+                values=values,
+            )

@@ -1,0 +1,257 @@
+"""TorchRL learners: what happens to each collected batch (losses, value estimators, optimiser steps).
+
+One learner per algorithm family. Each takes the batch a TorchRL collector yields (time is the last
+batch dimension), trains on it, and returns how many env steps it trained on plus the losses under
+crossrl's common names. The adapter (:mod:`crossrl.adapters.torchrl`) owns envs, collectors, timing
+and the metric sink; this module owns only the maths that TorchRL provides.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.data import Categorical as CategoricalSpec
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data.postprocs import MultiStep
+from torchrl.data.replay_buffers import RandomSampler
+from torchrl.modules import EGreedyModule, ProbabilisticActor, QValueActor, ValueOperator
+from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, ValueEstimators
+from torchrl.objectives.value import GAE, VTrace
+
+from crossrl.core import metrics as M
+from crossrl.core.models import build_mlp, count_params
+from crossrl.scenarios.spec import Trial
+
+OBS_KEY = "observation"
+
+PRIORITIZED_REPLAY_UNAVAILABLE = (
+    "torchrl: prioritized_replay is not available: TorchRL's PrioritizedSampler needs its C++ "
+    "extension (SumSegmentTreeFp32), which does not load with torch 2.13. Set prioritized_replay: false "
+    "for dqn on torchrl, or run it on crossrl (apex/prioritized replay is not offered on torchrl)."
+)
+
+
+def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
+    """Categorical policy over ``n_actions`` whose logits come from ``net``."""
+    module = TensorDictModule(net, in_keys=[OBS_KEY], out_keys=["logits"])
+    return ProbabilisticActor(
+        module,
+        in_keys=["logits"],
+        out_keys=["action"],
+        spec=CategoricalSpec(n_actions),
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,  # behaviour log-probs: PPO's ratio and V-trace's rho need them
+    )
+
+
+def _clip_and_step(optim: torch.optim.Optimizer, params: list[nn.Parameter], grad_clip: float) -> None:
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+
+
+def _f(x: torch.Tensor | None) -> float:
+    return float(x.detach().mean()) if x is not None else math.nan
+
+
+class OnPolicyLearner:
+    """PPO (ClipPPOLoss + GAE, epochs x minibatches), A2C/A3C (A2CLoss + GAE, one step per batch), or
+    IMPALA (A2CLoss with the VTrace estimator, one step per ``train_batch`` env steps accumulated)."""
+
+    def __init__(self, *, trial: Trial, obs_dim: int, n_actions: int) -> None:
+        self.trial = trial
+        self.algo = trial.algorithm
+        self.actor_net = build_mlp(in_dim=obs_dim, out_dim=n_actions, model=trial.model, out_gain=0.01)
+        self.critic_net = build_mlp(in_dim=obs_dim, out_dim=1, model=trial.model)
+        self.actor = build_actor(net=self.actor_net, n_actions=n_actions)
+        self.critic = ValueOperator(self.critic_net, in_keys=[OBS_KEY])
+        self.policy: TensorDictModule | TensorDictSequential = self.actor
+        self.vf_coeff = float(trial.hp("vf_coeff"))
+        common: dict[str, Any] = {
+            "entropy_bonus": True,
+            "entropy_coeff": float(trial.hp("entropy_coeff")),
+            "critic_coeff": self.vf_coeff,
+            # squared error, as RLlib and crossrl's core (TorchRL defaults to smooth_l1)
+            "loss_critic_type": "l2",
+        }
+        if self.algo == "ppo":
+            self.loss_kwargs = {
+                **common,
+                "clip_epsilon": float(trial.hp("clip")),
+                "clip_value": float(trial.hp("vf_clip")),
+                "normalize_advantage": True,
+            }
+            self.loss: ClipPPOLoss | A2CLoss = ClipPPOLoss(self.actor, self.critic, **self.loss_kwargs)
+        else:
+            self.loss_kwargs = common
+            self.loss = A2CLoss(self.actor, self.critic, **self.loss_kwargs)
+        gamma = float(trial.hp("gamma"))
+        self.estimator: GAE | VTrace
+        if self.algo == "impala":
+            self.estimator_kwargs = {
+                "gamma": gamma,
+                "rho_thresh": float(trial.hp("vtrace_clip_rho")),
+                "c_thresh": float(trial.hp("vtrace_clip_c")),
+            }
+            self.estimator = VTrace(value_network=self.critic, actor_network=self.actor, **self.estimator_kwargs)
+        else:
+            self.estimator_kwargs = {"gamma": gamma, "lmbda": float(trial.hp("gae_lambda"))}
+            self.estimator = GAE(value_network=self.critic, **self.estimator_kwargs)
+        self.params = list(self.loss.parameters())
+        self.optim = torch.optim.Adam(self.params, lr=float(trial.hp("lr")))
+        self.grad_clip = float(trial.hp("grad_clip"))
+        self.train_batch = int(trial.hp("train_batch"))
+        self._pending: list[TensorDictBase] = []
+        self._pending_frames = 0
+        self.always_sync = False
+
+    def learn(self, data: TensorDictBase) -> tuple[int, dict[str, float]]:
+        """Train on one collected batch; returns (env steps trained, common-name losses)."""
+        if self.algo == "impala":
+            # IMPALA's learner batch is train_batch env steps from several (stale) worker batches.
+            self._pending.append(data)
+            self._pending_frames += data.numel()
+            if self._pending_frames < self.train_batch:
+                return 0, {}
+            data = torch.cat([d.reshape(-1, d.shape[-1]) for d in self._pending], 0)
+            self._pending, self._pending_frames = [], 0
+        with torch.no_grad():
+            data = self.estimator(data)
+        flat = data.reshape(-1)
+        if self.algo != "ppo":
+            return flat.numel(), self._step(flat)
+        minibatch = int(self.trial.hp("minibatch"))
+        stats: list[dict[str, float]] = []
+        for _ in range(int(self.trial.hp("epochs"))):
+            for idx in torch.randperm(flat.numel()).split(minibatch):
+                stats.append(self._step(flat[idx]))
+        return flat.numel(), {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
+
+    def _step(self, batch: TensorDictBase) -> dict[str, float]:
+        out = self.loss(batch)
+        total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
+        total.backward()
+        _clip_and_step(self.optim, self.params, self.grad_clip)
+        # TorchRL's loss_critic is already scaled by critic_coeff; report the raw squared error.
+        value_loss = _f(out["loss_critic"]) / self.vf_coeff if self.vf_coeff > 0 else math.nan
+        return {M.POLICY_LOSS: _f(out["loss_objective"]), M.VALUE_LOSS: value_loss, M.ENTROPY: _f(out.get("entropy"))}
+
+    def native(self) -> dict[str, Any]:
+        return {
+            "loss": {"class": type(self.loss).__name__, "kwargs": self.loss_kwargs},
+            "value_estimator": {"class": type(self.estimator).__name__, "kwargs": self.estimator_kwargs},
+            "optimizer": {"class": "torch.optim.Adam", "lr": self.optim.defaults["lr"], "eps": self.optim.defaults["eps"]},
+            "grad_clip_norm": self.grad_clip,
+            "update": self._update_description(),
+            "networks": {"actor": repr(self.actor_net), "critic": repr(self.critic_net),
+                         "actor_params": count_params(self.actor), "critic_params": count_params(self.critic)},
+        }  # fmt: skip
+
+    def _update_description(self) -> str:
+        if self.algo == "ppo":
+            return (f"GAE over the whole batch, then {self.trial.hp('epochs')} epochs of shuffled minibatches "
+                    f"of {self.trial.hp('minibatch')} env steps; advantages normalised per minibatch")  # fmt: skip
+        if self.algo == "impala":
+            return f"one Adam step per >= {self.train_batch} env steps of accumulated worker batches (V-trace)"
+        return "one Adam step per collected batch (GAE over the batch)"
+
+
+class DQNLearner:
+    """DQNLoss (double DQN when double_q) + uniform ReplayBuffer + HardUpdate target + epsilon-greedy."""
+
+    def __init__(self, *, trial: Trial, obs_dim: int, n_actions: int) -> None:
+        if trial.hp("prioritized_replay"):
+            raise NotImplementedError(PRIORITIZED_REPLAY_UNAVAILABLE)
+        self.trial = trial
+        spec = CategoricalSpec(n_actions)
+        self.qnet = build_mlp(in_dim=obs_dim, out_dim=n_actions, model=trial.model)
+        self.qvalue = QValueActor(self.qnet, in_keys=[OBS_KEY], spec=spec)
+        self.greedy_kwargs = {
+            "eps_init": float(trial.hp("epsilon_initial")),
+            "eps_end": float(trial.hp("epsilon_final")),
+            "annealing_num_steps": int(trial.hp("epsilon_timesteps")),
+        }
+        self.greedy = EGreedyModule(spec, **self.greedy_kwargs)
+        self.policy = TensorDictSequential(self.qvalue, self.greedy)
+        self.loss_kwargs = {
+            "loss_function": "smooth_l1",  # Huber, as Nature DQN and RLlib (TorchRL defaults to l2)
+            "delay_value": True,
+            "double_dqn": bool(trial.hp("double_q")),
+        }
+        self.loss = DQNLoss(self.qvalue, action_space=spec, **self.loss_kwargs)
+        self.gamma = float(trial.hp("gamma"))
+        self.loss.make_value_estimator(ValueEstimators.TD0, gamma=self.gamma)
+        # Copy on every call: crossrl's target_update counts env steps, so the adapter decides when.
+        self.target = HardUpdate(self.loss, value_network_update_interval=1)
+        self.n_step = int(trial.hp("n_step"))
+        self.multistep = MultiStep(gamma=self.gamma, n_steps=self.n_step) if self.n_step > 1 else None
+        self.batch_size = int(trial.hp("train_batch"))
+        self.buffer = ReplayBuffer(
+            storage=LazyTensorStorage(int(trial.hp("buffer_size"))),
+            sampler=RandomSampler(),
+            batch_size=self.batch_size,
+        )
+        self.params = list(self.loss.value_network_params.values(True, True))
+        self.optim = torch.optim.Adam(self.params, lr=float(trial.hp("lr")))
+        self.grad_clip = float(trial.hp("grad_clip"))
+        self.learning_starts = int(trial.hp("learning_starts"))
+        self.target_update = int(trial.hp("target_update"))
+        self.replay_ratio = float(trial.hp("replay_ratio"))
+        self._sampled = 0
+        self._last_target = 0
+        self._owed = 0.0  # replayed transitions owed to reach replay_ratio (carried across batches)
+        self.always_sync = True  # epsilon anneals every batch, so workers need it even before learning
+
+    def learn(self, data: TensorDictBase) -> tuple[int, dict[str, float]]:
+        """Store the batch, anneal epsilon, then ``replay_ratio`` x its size in replayed transitions."""
+        frames = data.numel()
+        self._sampled += frames
+        self.greedy.step(frames)
+        if self.multistep is not None:
+            data = self.multistep(data)
+        self.buffer.extend(data.reshape(-1))
+        if self._sampled < self.learning_starts:
+            return 0, {}
+        self._owed += frames * self.replay_ratio
+        losses: list[float] = []
+        while self._owed >= self.batch_size:
+            out = self.loss(self.buffer.sample())
+            out["loss"].backward()
+            _clip_and_step(self.optim, self.params, self.grad_clip)
+            losses.append(_f(out["loss"]))
+            self._owed -= self.batch_size
+        if self._sampled - self._last_target >= self.target_update:
+            self.target.step()
+            self._last_target = self._sampled
+        stats = {M.VALUE_LOSS: sum(losses) / len(losses)} if losses else {}
+        return len(losses) * self.batch_size, stats
+
+    def native(self) -> dict[str, Any]:
+        return {
+            "loss": {"class": "DQNLoss", "kwargs": self.loss_kwargs},
+            "value_estimator": {"class": "TD0Estimator", "kwargs": {"gamma": self.gamma},
+                                "n_step_postproc": f"MultiStep(n_steps={self.n_step})" if self.multistep else None},
+            "exploration": {"class": "EGreedyModule", "kwargs": self.greedy_kwargs,
+                            "annealed_by": "env steps sampled (EGreedyModule.step(frames) per batch)"},
+            "target_network": {"class": "HardUpdate", "copy_every_env_steps": self.target_update},
+            "replay_buffer": {"class": "ReplayBuffer", "storage": f"LazyTensorStorage({self.buffer._storage.max_size})",
+                              "sampler": "RandomSampler (uniform, with replacement)", "batch_size": self.batch_size},
+            "learning_starts_env_steps": self.learning_starts,
+            "replay_ratio": self.replay_ratio,
+            "optimizer": {"class": "torch.optim.Adam", "lr": self.optim.defaults["lr"], "eps": self.optim.defaults["eps"]},
+            "grad_clip_norm": self.grad_clip,
+            "networks": {"q": repr(self.qnet), "q_params": count_params(self.qvalue)},
+        }  # fmt: skip
+
+
+def build_learner(*, trial: Trial, obs_dim: int, n_actions: int) -> OnPolicyLearner | DQNLearner:
+    if trial.algorithm == "dqn":
+        return DQNLearner(trial=trial, obs_dim=obs_dim, n_actions=n_actions)
+    if trial.algorithm in ("ppo", "a2c", "a3c", "impala"):
+        return OnPolicyLearner(trial=trial, obs_dim=obs_dim, n_actions=n_actions)
+    raise ValueError(f"torchrl: no {trial.algorithm!r} (see adapters/registry.py for why)")
