@@ -14,14 +14,28 @@ LOCAL_RAY_ENV = {
 }
 
 
+for _k, _v in LOCAL_RAY_ENV.items():  # Ray reads these when it is imported: set them before it is
+    os.environ.setdefault(_k, _v)
+
+
 def connect(address: str | None, *, num_cpus: int | None = None, **kwargs: Any) -> dict[str, str]:
     """Join the cluster at ``address`` or start a local one on 127.0.0.1 sized to this machine.
 
     Returns facts to tag the trial with (GCS address, node id), so a reader can tell which cluster
     ran it.
     """
-    for k, v in LOCAL_RAY_ENV.items():
-        os.environ.setdefault(k, v)
+    import sys
+    import warnings
+
+    if "ray" not in sys.modules:
+        for k, v in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(k, v)
+    elif os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0" and not address:
+        warnings.warn(
+            "ray was imported before crossrl.core.cluster without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: "
+            "the local cluster may listen on every interface, not only 127.0.0.1",
+            stacklevel=2,
+        )
     import ray
 
     if not ray.is_initialized():
@@ -29,6 +43,9 @@ def connect(address: str | None, *, num_cpus: int | None = None, **kwargs: Any) 
             ray.init(address=address, log_to_driver=False, **kwargs)
         else:
             ray.init(
+                # "local": always a new cluster; without it ray.init joins any `ray start` cluster on
+                # this machine (found through /tmp/ray/ray_current_cluster).
+                address="local",
                 num_cpus=num_cpus or os.cpu_count() or 1,
                 include_dashboard=False,
                 log_to_driver=False,

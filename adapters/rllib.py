@@ -1,0 +1,401 @@
+"""Ray RLlib 2.60 (new API stack) driven through its AlgorithmConfig: PPO, IMPALA, DQN.
+
+Fairness: every shared hyperparameter is mapped by name in :data:`HYPERPARAM_MAP` (crossrl name ->
+RLlib setting), and those RLlib cannot take are explained in :data:`NOT_EQUALIZABLE`; a trial that
+carries a name in neither is refused, so a new shared hyperparameter cannot be silently ignored.
+The env is built by :func:`crossrl.core.envs.make_env` inside RLlib's env runners; the network is
+the spec's MLP for the policy and, separately, for the value function (``vf_share_layers=False``).
+
+Episode statistics come from an ``on_episode_end`` callback that logs each finished episode's raw
+(return, length) as an ``item_series`` (no reduction; RLlib clears it at every ``train()``), because
+``env_runners/episode_return_mean`` is a smoothed window over past iterations.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from crossrl.adapters.base import MetricSink
+from crossrl.core import metrics as M
+from crossrl.scenarios.spec import EnvSpec, Trial
+
+ENGINE_ID: Final = "rllib"
+
+# crossrl name -> RLlib AlgorithmConfig setting (attribute; ``[...]`` indexes into it). Read by the
+# tests and printed in the README's fairness table.
+_COMMON: Final[dict[str, str]] = {
+    "lr": "lr",
+    "gamma": "gamma",
+    "grad_clip": "grad_clip",
+    "rollout_fragment": "rollout_fragment_length",
+    "train_batch": "train_batch_size_per_learner",
+}
+HYPERPARAM_MAP: Final[dict[str, dict[str, str]]] = {
+    "ppo": {
+        **_COMMON,
+        "gae_lambda": "lambda_",
+        "clip": "clip_param",
+        "vf_clip": "vf_clip_param",
+        "minibatch": "minibatch_size",
+        "epochs": "num_epochs",
+        "entropy_coeff": "entropy_coeff",
+        "vf_coeff": "vf_loss_coeff",
+    },
+    "impala": {
+        **_COMMON,
+        "entropy_coeff": "entropy_coeff",
+        "vf_coeff": "vf_loss_coeff",
+        "minibatch": "minibatch_size",
+        "epochs": "num_epochs",
+        "vtrace_clip_rho": "vtrace_clip_rho_threshold",
+    },
+    "dqn": {
+        **_COMMON,
+        "buffer_size": "replay_buffer_config['capacity']",
+        "learning_starts": "num_steps_sampled_before_learning_starts",
+        "target_update": "target_network_update_freq",
+        "n_step": "n_step",
+        "epsilon_initial": "epsilon[0][1]",
+        "epsilon_final": "epsilon[1][1]",
+        "epsilon_timesteps": "epsilon[1][0]",
+        "replay_ratio": "training_intensity",
+        "double_q": "double_q",
+        "prioritized_replay": "replay_buffer_config['type']",
+        "priority_alpha": "replay_buffer_config['alpha']",
+        "priority_beta": "replay_buffer_config['beta']",
+    },
+}
+
+# Mapped names whose value RLlib receives transformed (everything else is passed unchanged).
+TRANSFORMED: Final[dict[str, str]] = {
+    "prioritized_replay": "True -> PrioritizedEpisodeReplayBuffer, False -> EpisodeReplayBuffer",
+    "replay_ratio": (
+        "x max(runners,1)/(runners+1): RLlib's natural ratio counts the local env runner, which does "
+        "not sample when remote runners exist; RLlib then rounds to whole sample/update rounds"
+    ),
+    "vtrace_clip_rho": "also sets vtrace_clip_pg_rho_threshold (one rho-bar for value and policy targets)",
+}
+
+# Shared names RLlib has no setting for: algorithm -> name -> (the value RLlib behaves as, why).
+# A trial whose value differs from RLlib's fixed one is refused (value None: any value, noted only).
+NOT_EQUALIZABLE: Final[dict[str, dict[str, tuple[float | None, str]]]] = {
+    "ppo": {},
+    "impala": {
+        "gae_lambda": (None, "RLlib's IMPALA has no GAE: V-trace targets (lambda = 1 with c-bar clipping)"),
+        "vtrace_clip_c": (1.0, "RLlib's V-trace hard-codes c-bar = 1.0 (vtrace_torch_v2.py)"),
+    },
+    "dqn": {},
+}
+
+# Fixed RLlib settings that make the network and loss match the spec/crossrl (audit: native config).
+_FIXED_TRAINING: Final[dict[str, dict[str, Any]]] = {
+    "ppo": {"use_kl_loss": False, "use_gae": True, "use_critic": True},
+    "impala": {"vtrace": True},
+    "dqn": {"dueling": False, "num_atoms": 1, "noisy": False, "tau": 1.0},
+}
+
+
+def mapping_rows() -> list[tuple[str, str, str, str]]:
+    """(algorithm, crossrl name, RLlib setting, note) for every shared name, for printing/README."""
+    rows = [
+        (algo, name, path, TRANSFORMED.get(name, ""))
+        for algo, names in HYPERPARAM_MAP.items()
+        for name, path in names.items()
+    ]
+    rows += [(algo, name, "(none)", why) for algo, names in NOT_EQUALIZABLE.items() for name, (_, why) in names.items()]
+    return rows
+
+
+_ITEM_KEY: Final = "crossrl_episodes"  # (return, length) per finished episode, in env_runners/
+MIN_CPU_SHARE: Final = 1 / 16  # below this share per env runner we refuse (CPU starvation, not latency)
+
+
+@dataclass(frozen=True)
+class ResourcePlan:
+    """How many Ray CPUs the env runners and learners get (Ray CPUs, may be fractional)."""
+
+    num_env_runners: int
+    cpus_per_env_runner: float
+    num_learners: int  # 0: one local learner in this (driver) process
+    note: str
+
+
+def plan_resources(*, algorithm: str, workers: int, available_cpus: float) -> ResourcePlan:
+    """Fit env runners and learners into the CPUs Ray has free, or raise saying why and how to fix.
+
+    Env runners get one CPU each while they fit, otherwise an equal share (fine for envs whose cost
+    is ``step_latency_ms``: they sleep). Learning happens in the driver (``num_learners=0``), as in
+    crossrl's synchronous optimizers, except for IMPALA when a whole CPU is left after the runners:
+    then it gets RLlib's default of one remote learner. Without this, IMPALA with 2 runners on a
+    2-CPU Ray asks for a third CPU and waits for it forever (measured on Ray 2.60).
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    # Rounded down to Ray's resource precision (1e-4), so that the shares never add up to more.
+    share = min(1.0, math.floor(available_cpus / workers * 1e4) / 1e4)
+    if share < MIN_CPU_SHARE:
+        raise RuntimeError(
+            f"rllib: {workers} env runners cannot fit in the {available_cpus:g} CPUs Ray has free "
+            f"(each would get {share:.3f} CPU, the minimum is {MIN_CPU_SHARE:g}); RLlib would wait for "
+            "resources forever. Fix: lower execution.workers, free the cluster's CPUs, or join a bigger "
+            "cluster with --ray-address."
+        )
+    left = available_cpus - workers * share
+    if algorithm == "impala" and left >= 1.0:
+        return ResourcePlan(workers, share, 1, "IMPALA: 1 remote learner on the CPU left by the runners")
+    note = "local learner in the driver" + ("" if share == 1.0 else f"; runners share CPUs ({share:.3f} each)")
+    return ResourcePlan(workers, share, 0, note)
+
+
+def _resolve(obj: Any, path: str) -> Any:
+    """The value at an RLlib setting path such as ``epsilon[1][0]`` or ``replay_buffer_config['alpha']``."""
+    m = re.fullmatch(r"(\w+)((?:\[[^\]]+\])*)", path)
+    if m is None:
+        raise ValueError(f"bad RLlib setting path {path!r}")
+    value = obj[m.group(1)] if isinstance(obj, Mapping) else getattr(obj, m.group(1))
+    for index in re.findall(r"\[([^\]]+)\]", m.group(2)):
+        value = value[index.strip("'\"")] if index[0] in "'\"" else value[int(index)]
+    return value
+
+
+def check_covered(trial: Trial) -> None:
+    """Refuse a trial with a hyperparameter RLlib would ignore silently, or a value it cannot take."""
+    mapped = HYPERPARAM_MAP[trial.algorithm]
+    fixed = NOT_EQUALIZABLE[trial.algorithm]
+    unknown = sorted(set(trial.hyperparams) - set(mapped) - set(fixed))
+    if unknown:
+        raise ValueError(
+            f"rllib: hyperparameter(s) {', '.join(unknown)} of {trial.algorithm} have no RLlib mapping; "
+            "add them to crossrl.adapters.rllib.HYPERPARAM_MAP or NOT_EQUALIZABLE"
+        )
+    for name, (rllib_value, why) in fixed.items():
+        given = trial.hyperparams.get(name)
+        if rllib_value is not None and given is not None and not math.isclose(given, rllib_value):
+            raise ValueError(f"rllib: {trial.algorithm} {name}={given} cannot be set ({why}); use {rllib_value}")
+
+
+def training_settings(trial: Trial, *, num_env_runners: int) -> dict[str, Any]:
+    """RLlib settings (AlgorithmConfig attribute -> value) for the trial's shared hyperparameters."""
+    check_covered(trial)
+    hp = trial.hyperparams
+    out: dict[str, Any] = dict(_FIXED_TRAINING[trial.algorithm])
+    for name, path in HYPERPARAM_MAP[trial.algorithm].items():
+        if name in hp and re.fullmatch(r"\w+", path):
+            out[path] = hp[name]
+    if trial.algorithm == "impala" and "vtrace_clip_rho" in hp:
+        out["vtrace_clip_pg_rho_threshold"] = hp["vtrace_clip_rho"]
+    if trial.algorithm == "dqn":
+        out["epsilon"] = [(0, hp["epsilon_initial"]), (hp["epsilon_timesteps"], hp["epsilon_final"])]
+        buffer: dict[str, Any] = {"capacity": hp["buffer_size"]}
+        if hp["prioritized_replay"]:
+            buffer |= {"type": "PrioritizedEpisodeReplayBuffer", "alpha": hp["priority_alpha"]}
+            buffer["beta"] = hp["priority_beta"]
+        else:
+            buffer["type"] = "EpisodeReplayBuffer"
+        out["replay_buffer_config"] = buffer
+        out["training_intensity"] = hp["replay_ratio"] * max(num_env_runners, 1) / (num_env_runners + 1)
+    return out
+
+
+def _env_creator(env_config: Mapping[str, Any]) -> Any:
+    """RLlib's env creator: the spec's env via crossrl's make_env (latency wrapper included)."""
+    from crossrl.core.envs import make_env
+
+    if getattr(env_config, "worker_index", 0) > 0:
+        import torch
+
+        torch.set_num_threads(1)  # env runner processes: one thread each, the CPUs are the runners'
+    return make_env(EnvSpec.model_validate(env_config["env_spec"]))
+
+
+def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **_: Any) -> None:
+    """Log the finished episode's whole return and length (earlier chunks included), unreduced."""
+    chunks = [*(prev_episode_chunks or []), episode]
+    ret = float(sum(c.get_return() for c in chunks))
+    length = int(sum(len(c) for c in chunks))
+    metrics_logger.log_value(_ITEM_KEY, (ret, length), reduce="item_series")
+
+
+def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
+    """The trial's AlgorithmConfig (not built); pure apart from importing RLlib."""
+    from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.impala import IMPALAConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    classes = {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig}
+    if trial.algorithm not in classes:
+        raise ValueError(f"rllib cannot run {trial.algorithm}; it runs {', '.join(classes)}")
+    settings = training_settings(trial, num_env_runners=plan.num_env_runners)
+    fragment = settings.pop("rollout_fragment_length", "auto")
+    hidden = list(trial.model.hidden)
+    config: Any = (
+        classes[trial.algorithm]()
+        .api_stack(enable_rl_module_and_learner=True, enable_env_runner_and_connector_v2=True)
+        .framework("torch")
+        .environment(env=env_name, env_config={"env_spec": trial.env.model_dump(mode="json")})
+        .env_runners(
+            num_env_runners=plan.num_env_runners,
+            num_envs_per_env_runner=trial.envs_per_worker,
+            num_cpus_per_env_runner=plan.cpus_per_env_runner,  # type: ignore[arg-type]
+            rollout_fragment_length=fragment,
+        )
+        # Learning runs in this process when num_learners=0; Ray only accounts the main process's
+        # CPU under Tune, which crossrl does not use, so 1 here reserves nothing on a 2-CPU machine.
+        .resources(num_cpus_for_main_process=1)
+        .learners(num_learners=plan.num_learners, num_cpus_per_learner=1 if plan.num_learners else "auto")
+        .rl_module(
+            # vf_share_layers=False: the value function gets its own MLP of the same sizes (the
+            # dataclass default True would override PPO's own False); heads are linear.
+            model_config=DefaultModelConfig(
+                fcnet_hiddens=hidden,
+                fcnet_activation=trial.model.activation,
+                head_fcnet_hiddens=[],
+                vf_share_layers=False,
+            )
+        )
+        .training(**settings)
+        .callbacks(on_episode_end=_on_episode_end)
+        .debugging(seed=trial.seed)
+    )
+    if trial.algorithm == "impala":
+        # RLlib's default of >= 10 s per train() gives few, coarse points on short budgets.
+        config.reporting(min_time_s_per_iteration=1)
+        # With a 0 s timeout the driver polls its env runners in a busy loop, taking a whole core
+        # from them on a 2-core machine; waiting up to 50 ms blocks in ray.wait instead.
+        config.training(timeout_s_sampler_manager=0.05)
+    return config
+
+
+def native_config(config: Any) -> dict[str, Any]:
+    """``config.to_dict()`` with the model config the RLModule really receives.
+
+    ``to_dict()`` shows ``_model_config`` as a dataclass repr without the algorithm's auto-included
+    keys, and ``model`` is the old API stack's model dict (fcnet_hiddens [256, 256]), which the new
+    stack ignores; it is kept under a name that says so, so nobody audits the wrong network.
+    """
+    out = dict(config.to_dict())
+    out["_model_config"] = dict(config.model_config)
+    out["model (old API stack, unused)"] = out.pop("model", None)
+    return out
+
+
+def _get(result: Mapping[str, Any], *path: str) -> Any:
+    node: Any = result
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _num(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+# Common metric -> RLlib learner keys under learners/default_policy, first present wins. IMPALA logs
+# batch sums as pi_loss/vf_loss and per-row means as mean_*; DQN's TD loss is qf_loss.
+LOSS_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    M.POLICY_LOSS: ("mean_pi_loss", "policy_loss"),
+    M.VALUE_LOSS: ("mean_vf_loss", "vf_loss", "qf_loss"),
+    M.ENTROPY: ("entropy",),
+}
+
+
+def _first(stats: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        if key in stats:
+            return _num(stats[key])
+    return None
+
+
+def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 1) -> dict[str, Any]:
+    """One ``train()`` result -> the keyword arguments of :meth:`MetricSink.point`.
+
+    ``epochs`` is RLlib's ``num_epochs`` (passes over each train batch).
+    """
+    sampled = _get(result, "env_runners", "num_env_steps_sampled_lifetime")
+    if sampled is None:
+        sampled = _get(result, "num_env_steps_sampled_lifetime")
+    # RLlib's learners/__all_modules__/num_env_steps_trained counts the whole train batch once per
+    # minibatch update (4842 for one 512-step PPO batch in 9 minibatches, measured), so it is not
+    # used. PPO trains on every sampled step (None: the sink takes env_steps_sampled); IMPALA and
+    # DQN report the rows their learner consumed, divided by the passes made over each batch.
+    trained = None
+    if algorithm != "ppo":
+        rows = _num(_get(result, "learners", "default_policy", "num_module_steps_trained_lifetime"))
+        trained = rows / max(epochs, 1) if rows is not None else None
+    items = _get(result, "env_runners", _ITEM_KEY)
+    episodes = list(items) if isinstance(items, list | tuple) else []
+    policy = _get(result, "learners", "default_policy") or {}
+    values: dict[str, float | None] = {
+        M.POLICY_LOSS: _first(policy, LOSS_KEYS[M.POLICY_LOSS]),
+        M.VALUE_LOSS: _first(policy, LOSS_KEYS[M.VALUE_LOSS]),
+        M.ENTROPY: _first(policy, LOSS_KEYS[M.ENTROPY]),
+        # RLlib's timers/* are smoothed (EMA) per-call averages, not the seconds spent in this
+        # iteration; for PPO/DQN (one sample and one update call per iteration) they are close.
+        M.TIME_SAMPLE_S: _num(_get(result, "timers", "env_runner_sampling_timer")),
+        M.TIME_LEARN_S: _num(_get(result, "timers", "learner_update_timer")),
+        M.TIME_SYNC_WEIGHTS_S: _num(_get(result, "timers", "synch_weights")),
+        M.WORKER_RESTARTS: _num(_get(result, "fault_tolerance", "num_remote_worker_restarts")),
+    }
+    return {
+        "env_steps_sampled": int(sampled or 0),
+        "env_steps_trained": int(trained) if trained is not None else None,
+        "episode_returns": [float(r) for r, _ in episodes],
+        "episode_lengths": [int(n) for _, n in episodes],
+        "values": {k: v for k, v in values.items() if v is not None},
+    }
+
+
+class RllibAdapter:
+    """Ray RLlib 2.60, new API stack: PPO, IMPALA, DQN through AlgorithmConfig."""
+
+    engine: ClassVar[str] = ENGINE_ID
+
+    def run(self, trial: Trial, sink: MetricSink) -> None:
+        """Train ``trial`` on RLlib until ``sink.exhausted``, one point per ``algo.train()``."""
+        from crossrl.core.cluster import LOCAL_RAY_ENV, connect
+
+        check_covered(trial)
+        # Before `import ray`: Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import time, and only
+        # with it set to 0 does a local cluster listen on 127.0.0.1 rather than on every interface
+        # (measured: connect() setting it after ray was imported is too late).
+        for key, value in LOCAL_RAY_ENV.items():
+            os.environ.setdefault(key, value)
+        import ray
+        from ray.tune.registry import register_env
+
+        was_initialized = ray.is_initialized()
+        cluster = connect(trial.ray_address)
+        algo = None
+        try:
+            available = float(ray.available_resources().get("CPU", 0.0))
+            plan = plan_resources(algorithm=trial.algorithm, workers=trial.workers, available_cpus=available)
+            env_name = f"crossrl-{trial.fingerprint}-{uuid.uuid4().hex[:8]}"
+            register_env(env_name, _env_creator)
+            config = build_config(trial, plan=plan, env_name=env_name)
+            algo = config.build_algo()
+            sink.start_clock()
+            sink.tags(engine_version=ray.__version__, rllib_resources=plan.note, **cluster)
+            sink.native_config(native_config(config))
+            epochs = int(config.num_epochs)
+            while not sink.exhausted:
+                sink.point(**result_to_point(algo.train(), algorithm=trial.algorithm, epochs=epochs))
+        finally:
+            if algo is not None:
+                algo.stop()
+            # Ray was started or joined here: shutdown stops a local cluster we started, or only
+            # disconnects from a cluster we joined (which keeps running).
+            if not was_initialized:
+                ray.shutdown()
