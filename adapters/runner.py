@@ -8,6 +8,7 @@ records FAILED with the traceback and goes on, and on Ctrl-C marks the running t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -144,6 +145,15 @@ class _TreeMeter:
                 return
 
 
+def _best_effort(fn: Callable[..., None], run_id: str, payload: Any, *, what: str) -> None:
+    """Store what an engine reported; a store that refuses it costs a warning tag, never the trial."""
+    try:
+        fn(run_id, payload)
+    except Exception as e:  # e.g. MLflow refusing a native config key
+        with contextlib.suppress(Exception):
+            fn.__self__.set_tags(run_id, {f"store_warning.{what}": f"{type(e).__name__}: {e}"[:4000]})  # type: ignore[attr-defined]
+
+
 def child_env() -> dict[str, str]:
     """The trial process's environment: Ray on loopback, and one intra-op thread per process for every
     engine alike (more threads than cores made each engine slower here: a PPO minibatch step took 20 ms
@@ -206,9 +216,9 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
             setup_s = float(msg["setup_s"])
         elif kind == "tags":
             extra_tags.update(msg["tags"])
-            store.set_tags(run_id, msg["tags"])
+            _best_effort(store.set_tags, run_id, msg["tags"], what="tags")
         elif kind == "native_config":
-            store.log_native_config(run_id, msg["config"])
+            _best_effort(store.log_native_config, run_id, msg["config"], what="native config")
         elif kind == "error":
             error = msg
         elif kind == "done":

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import subprocess
 import time
@@ -242,7 +243,7 @@ class ResultsStore:
         self.client.set_terminated(run_id, status=_MLFLOW_STATUS.get(status, "FINISHED"))
 
     def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
-        items = [Param(k[:250], v) for k, v in params.items()]
+        items = [Param(_param_key(k), v) for k, v in params.items()]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100], synchronous=True)
 
@@ -314,6 +315,11 @@ class ResultsStore:
             return pd.DataFrame(rows, columns=["run_id", "metric", "step", "value"])
         df.insert(0, "run_id", run_id)
         return df
+
+
+def _param_key(key: str) -> str:
+    """MLflow allows alphanumerics, ``_ - . space : /`` in names (250 characters): replace the rest."""
+    return re.sub(r"[^A-Za-z0-9_\-. :/]", "_", key)[:250]
 
 
 def _history_csv(history: Sequence[tuple[int, Mapping[str, float]]]) -> str:

@@ -32,7 +32,7 @@ class FaultAdapter:
         env = gym.make(trial.env.id)
         env.reset(seed=trial.seed)
         sink.tags(engine_version="0-test")
-        sink.native_config({"behaviour": trial.seed, "env": trial.env.id})
+        sink.native_config({"behaviour": trial.seed, "env": trial.env.id, "model (unused)": {"hidden": [8]}})
         sink.start_clock()
         steps, ret, length, points = 0, 0.0, 0, 0
         returns: list[float] = []

@@ -77,6 +77,8 @@ def test_crash_hang_and_hard_exit_are_recorded_and_the_next_trial_runs(fault_eng
     client = store.client
     tb = Path(client.download_artifacts(trials.loc[1, "run_id"], "traceback.txt")).read_text()
     assert "RuntimeError: injected failure" in tb and "Traceback" in tb
+    params = client.get_run(trials.loc[0, "run_id"]).data.params
+    assert params["native.model _unused_.hidden"] == "[8]"  # a key MLflow refuses is made valid, not fatal
     arts = {a.path for a in client.list_artifacts(trials.loc[1, "run_id"])}
     assert {"traceback.txt", "fault-ppo-w1-s1.log", "native_config.json", "metrics.csv"} <= arts
 
