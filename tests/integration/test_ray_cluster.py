@@ -6,6 +6,7 @@ local one, and stops only the head it started, by process group.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import signal
@@ -57,41 +58,47 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[str]
             ],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
-    address = f"127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while True:
-        assert head.poll() is None and time.time() < deadline, f"ray head did not start: {log.read_text()[-3000:]}"
+    try:
+        address = f"127.0.0.1:{port}"
+        deadline = time.time() + 180
+        while True:
+            assert head.poll() is None and time.time() < deadline, f"ray head did not start: {log.read_text()[-3000:]}"
+            try:
+                probe = subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        f"import ray; ray.init(address='{address}'); print(ray.cluster_resources()['CPU'])",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                    timeout=60,
+                )
+                if probe.returncode == 0:
+                    break
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(2)
+        # nothing of this cluster listens off loopback
+        pids = {head.pid, *(p.pid for p in psutil.Process(head.pid).children(recursive=True))}
+        exposed = [
+            c
+            for c in psutil.net_connections(kind="inet")
+            if c.pid in pids and c.status == psutil.CONN_LISTEN and not _is_loopback(c.laddr.ip)
+        ]
+        assert not exposed, f"the head listens off loopback: {exposed}"
+        yield address
+    finally:
         try:
-            probe = subprocess.run(
-                [
-                    sys.executable,
-                    "-c",
-                    f"import ray; ray.init(address='{address}'); print(ray.cluster_resources()['CPU'])",
-                ],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=60,
-            )
-            if probe.returncode == 0:
-                break
-        except subprocess.TimeoutExpired:
-            pass
-        time.sleep(2)
-    # nothing of this cluster listens off loopback
-    pids = {head.pid, *(p.pid for p in psutil.Process(head.pid).children(recursive=True))}
-    exposed = [
-        c
-        for c in psutil.net_connections(kind="inet")
-        if c.pid in pids and c.status == psutil.CONN_LISTEN and not _is_loopback(c.laddr.ip)
-    ]
-    assert not exposed, f"the head listens off loopback: {exposed}"
-    yield address
-    tree = [head, *psutil.Process(head.pid).children(recursive=True)]
-    os.killpg(head.pid, signal.SIGTERM)
-    _, alive = psutil.wait_procs(tree, timeout=30)
-    for p in alive:
-        p.kill()
+            tree = [psutil.Process(head.pid), *psutil.Process(head.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGTERM)
+        _, alive = psutil.wait_procs(tree, timeout=30)
+        for p in alive:
+            p.kill()
 
 
 @pytest.mark.parametrize("engine", ["crossrl", "rllib", "torchrl"])
