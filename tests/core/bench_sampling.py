@@ -71,7 +71,8 @@ def main() -> None:
     from crossrl.core.policy import PolicySpec
     from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
-    cluster.connect(None, num_cpus=args.workers)
+    # Raw and crossrl actors take turns, never run together: room for both sets (logical CPUs).
+    cluster.connect(None, num_cpus=2 * args.workers)
     raw = [RawVectorEnv.remote(args.env, args.envs, seed=i) for i in range(args.workers)]
     alg = load("ppo")
     evaluators = EvaluatorSet(

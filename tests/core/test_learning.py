@@ -1,8 +1,9 @@
 """Learning targets of issue 3 (2 remote evaluators; slow: only in `make learning-tests`).
 
-Run one case by hand: ``.venv/bin/pytest -m learning tests/core/test_learning.py -k "ppo and CartPole" -s``.
-Each case prints env steps and wall seconds to target per seed; the target is checked against the
-mean return of the episodes completed since the previous point (the common metric).
+Run one case by hand: ``.venv/bin/pytest -m learning tests/core/test_learning.py -k "ppo-CartPole and 0" -s``.
+Each case prints env steps and wall seconds to target per seed. The target counts as reached when the
+mean return of the last 20 completed episodes reaches it (stricter than the runner's "first point whose
+mean >= target", also printed as first_point_steps: a point with one lucky episode can pass that).
 """
 
 from __future__ import annotations
@@ -29,13 +30,25 @@ CASES: list[tuple[str, str, float, int, dict[str, Any]]] = [
     ("a2c", "CartPole-v1", 400.0, 300_000, {}),
     ("a3c", "CartPole-v1", 400.0, 300_000, {}),
     ("impala", "CartPole-v1", 400.0, 500_000, {}),
-    ("ppo", "Pendulum-v1", -300.0, 500_000, {}),
+    # Pendulum needs a shorter horizon and a larger step than the catalog's CartPole-minded defaults
+    # (the RL Zoo's PPO Pendulum settings, without gSDE).
+    (
+        "ppo",
+        "Pendulum-v1",
+        -300.0,
+        500_000,
+        {"gamma": 0.9, "lr": 1e-3, "train_batch": 4096, "minibatch": 64, "epochs": 10},
+    ),
 ]
 SEEDS = (0, 1, 2)
+WINDOW = 20  # episodes: the target is met when the mean of the last WINDOW completed episodes reaches it
 
 
 @pytest.fixture(scope="module", autouse=True)
-def ray_cluster() -> Iterator[None]:
+def ray_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Minutes of training: only when asked for with `-m learning` (a plain `pytest tests/` skips them).
+    if "learning" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("learning runs need -m learning")
     cluster.connect(None, num_cpus=2)
     yield
     ray.shutdown()
@@ -60,25 +73,43 @@ def learn(
     trial = spec.trials()[0]
 
     class StopAtTarget(ListSink):
-        reached = False
+        """Stops once the last WINDOW completed episodes average >= target (one lucky episode is not enough)."""
+
+        hit: dict[str, float] | None = None
+        recent: list[tuple[float, float]] = []  # (mean return, episodes) per point
 
         @property
         def exhausted(self) -> bool:
-            return self.reached or super().exhausted
+            return self.hit is not None or super().exhausted
 
         def _emit(self, message: dict[str, Any]) -> None:
             super()._emit(message)
-            if message["kind"] == "point" and message["values"].get(M.EPISODE_RETURN_MEAN, -math.inf) >= target:
-                self.reached = True
+            if message["kind"] != "point":
+                return
+            values = message["values"]
+            if M.EPISODE_RETURN_MEAN in values:
+                self.recent = [*self.recent, (values[M.EPISODE_RETURN_MEAN], values["episodes_this_point"])]
+            total = count = 0.0
+            for mean, n in reversed(self.recent):
+                total, count = total + mean * n, count + n
+                if count >= WINDOW:
+                    break
+            if self.hit is None and count >= WINDOW and total / count >= target:
+                self.hit = values
+            if len(self.points) % 20 == 0 or self.hit is not None:
+                ret = values.get(M.EPISODE_RETURN_MEAN, math.nan)
+                print(f"  {algorithm} s{seed}: {values[M.ENV_STEPS_SAMPLED]:.0f} steps, return {ret:.1f}", flush=True)
 
     sink = StopAtTarget(trial)
     t0 = time.perf_counter()
     CrossrlAdapter().run(trial, sink)
-    hit = next((p for p in sink.points if p.get(M.EPISODE_RETURN_MEAN, -math.inf) >= target), None)
+    hit = sink.hit
+    first = next((p for p in sink.points if p.get(M.EPISODE_RETURN_MEAN, -math.inf) >= target), None)
     returns = [p[M.EPISODE_RETURN_MEAN] for p in sink.points if M.EPISODE_RETURN_MEAN in p]
     result = {
         "steps_to_target": hit[M.ENV_STEPS_SAMPLED] if hit else math.nan,
         "wall_s_to_target": hit[M.WALL_TIME_S] if hit else math.nan,
+        "first_point_steps": first[M.ENV_STEPS_SAMPLED] if first else math.nan,  # the runner's definition
         "best_return": max(returns) if returns else math.nan,
         "env_steps": sink.points[-1][M.ENV_STEPS_SAMPLED],
         "run_s": time.perf_counter() - t0,
@@ -88,7 +119,9 @@ def learn(
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize(("algorithm", "env_id", "target", "budget", "hp"), CASES, ids=lambda c: str(c))
+@pytest.mark.parametrize(
+    ("algorithm", "env_id", "target", "budget", "hp"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES]
+)
 def test_reaches_target(algorithm: str, env_id: str, target: float, budget: int, hp: dict[str, Any], seed: int) -> None:
     result = learn(algorithm, env_id, target=target, budget=budget, seed=seed, **hp)
     assert result["steps_to_target"] <= budget, f"{algorithm} on {env_id} seed {seed} missed {target}: {result}"

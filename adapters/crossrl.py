@@ -1,0 +1,106 @@
+"""The ``crossrl`` engine: a trial mapped onto crossrl's own core (evaluator actors + a policy optimizer).
+
+Set-up (Ray, actors, first weights) happens before ``sink.start_clock()``; every ``optimizer.step()``
+becomes one metric point with cumulative env steps and the episodes completed in that step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from crossrl.adapters.base import MetricSink
+from crossrl.scenarios.spec import Trial
+
+
+class CrossrlAdapter:
+    """crossrl's own distributed core on Ray (RLlib paper: policy graph, evaluator actors, optimizers)."""
+
+    engine: ClassVar[str] = "crossrl"
+
+    def __init__(self, *, on_iteration: Callable[[int, Any], None] | None = None) -> None:
+        """``on_iteration(i, evaluator_set)`` runs after each step (tests use it to kill an actor)."""
+        self.on_iteration = on_iteration
+
+    def run(self, trial: Trial, sink: MetricSink) -> None:
+        import ray
+        import torch
+
+        from crossrl.core import algorithms, cluster
+        from crossrl.core.evaluator import EvaluatorSet
+        from crossrl.core.optimizers.base import load_optimizer
+        from crossrl.core.policy import PolicySpec
+
+        started_ray = not ray.is_initialized()
+        info = cluster.connect(trial.ray_address, num_cpus=None if trial.ray_address else os.cpu_count())
+        evaluators: EvaluatorSet | None = None
+        optimizer = None
+        try:
+            # Small MLPs gain nothing from intra-op threads, and on a busy machine OpenMP's spinning
+            # threads cost 20x (measured: 4000 x 10 epochs PPO SGD, 5.5 s with 1 thread vs 112 s with 2).
+            torch.set_num_threads(1)
+            torch.manual_seed(trial.seed)
+            alg = algorithms.load(trial.algorithm)
+            hp = alg.hyperparams(trial.hyperparams)
+            # Never ask for more CPUs than exist, or actors would wait forever for resources.
+            cpus = cluster.available_cpus()
+            remote_cpus = min(1.0, math.floor(100 * cpus / trial.workers) / 100)
+            evaluators = EvaluatorSet(
+                env_spec=trial.env,
+                num_envs=trial.envs_per_worker,
+                policy_factory=PolicySpec(policy_cls=alg.policy_cls, hyperparams=hp, model=trial.model),
+                num_remote=trial.workers,
+                seed=trial.seed,
+                remote_num_cpus=remote_cpus,
+            )
+            optimizer = load_optimizer(trial.optimizer)(evaluators, hyperparams=hp)
+            ray.get([r.ping.remote() for r in evaluators.remotes])  # actors up before the clock starts
+            sink.tags(engine_version=_version(), optimizer=trial.optimizer, **info)
+            sink.native_config(
+                {
+                    "algorithm": trial.algorithm,
+                    "optimizer": trial.optimizer,
+                    "policy_cls": alg.policy_cls.__name__,
+                    "hyperparams": hp,
+                    "model": trial.model.model_dump(),
+                    "num_remote_evaluators": trial.workers,
+                    "envs_per_evaluator": trial.envs_per_worker,
+                    "remote_num_cpus": remote_cpus,
+                    "torch_threads_driver": torch.get_num_threads(),
+                }
+            )
+            sink.start_clock()
+            sampled = trained = 0
+            iteration = 0
+            while not sink.exhausted:
+                stats = optimizer.step()
+                sampled += stats.env_steps_sampled
+                trained += stats.env_steps_trained
+                sink.point(
+                    env_steps_sampled=sampled,
+                    env_steps_trained=trained,
+                    episode_returns=stats.episode_returns,
+                    episode_lengths=stats.episode_lengths,
+                    values=stats.common_values(),
+                )
+                if self.on_iteration is not None:
+                    self.on_iteration(iteration, evaluators)
+                iteration += 1
+        finally:
+            if optimizer is not None:
+                optimizer.stop()
+            if evaluators is not None:
+                evaluators.stop()
+            if started_ray and trial.ray_address is None:
+                ray.shutdown()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("crossrl")
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,264 @@
+"""Policy evaluators (RLlib paper, section 4): an env copy plus a policy copy, local or as a Ray actor.
+
+:class:`PolicyEvaluator` owns a gymnasium vector env of ``num_envs`` copies and a policy; ``sample``
+steps all copies ``num_steps`` times and returns a postprocessed time-major :class:`SampleBatch`.
+:class:`EvaluatorSet` holds one local evaluator (the driver's policy copy, which learns) and the remote
+actors; it broadcasts weights with one ``ray.put`` per broadcast and replaces actors that died.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import gymnasium as gym
+import numpy as np
+import ray
+import torch
+from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
+
+from crossrl.core import sample_batch as sb
+from crossrl.core.envs import make_vector_env
+from crossrl.core.policy import Policy, PolicyFactory
+from crossrl.core.sample_batch import SampleBatch
+from crossrl.scenarios.spec import EnvSpec
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class PolicyEvaluator:
+    """Env + policy. ``worker_index`` 0 is the driver's local copy; remote actors are 1..n."""
+
+    def __init__(
+        self,
+        *,
+        env_spec: EnvSpec,
+        num_envs: int,
+        policy_factory: PolicyFactory,
+        seed: int,
+        worker_index: int,
+    ) -> None:
+        if worker_index > 0:
+            # Actors share the machine's cores with each other and the learner: one thread each.
+            torch.set_num_threads(1)
+        self.worker_index = worker_index
+        self.num_envs = num_envs
+        self.env = make_vector_env(env_spec, num_envs)
+        self.policy: Policy = policy_factory(
+            observation_space=self.env.single_observation_space,
+            action_space=self.env.single_action_space,
+            seed=seed,
+        )
+        act_space = self.env.single_action_space
+        self._clip = (act_space.low, act_space.high) if isinstance(act_space, gym.spaces.Box) else None
+        obs, _ = self.env.reset(seed=seed)
+        self._obs = np.asarray(obs)
+        self._autoreset = np.zeros(num_envs, bool)  # True: the env's next step is a reset, not a transition
+        self._ep_return = np.zeros(num_envs)
+        self._ep_len = np.zeros(num_envs, np.int64)
+        self.weights_version = 0
+
+    def sample(self, *, num_steps: int) -> SampleBatch:
+        """Step every env ``num_steps`` times (so ``num_steps x num_envs`` rows) with the current weights.
+
+        Returns the policy-postprocessed time-major batch; its ``episode_returns``/``episode_lengths`` are
+        the episodes completed during this call. Autoreset rows are marked ``VALID == False``.
+        """
+        if num_steps < 1:
+            raise ValueError(f"sample: num_steps={num_steps} must be >= 1")
+        obs_buf = np.empty((num_steps, *self._obs.shape), self._obs.dtype)
+        cols: dict[str, np.ndarray] = {}
+        rewards = np.empty((num_steps, self.num_envs), np.float32)
+        terms = np.empty((num_steps, self.num_envs), bool)
+        truncs = np.empty((num_steps, self.num_envs), bool)
+        step = self.env.step
+        compute = self.policy.compute_actions
+        for t in range(num_steps):
+            obs_buf[t] = self._obs
+            actions, extra = compute(self._obs)
+            if t == 0:
+                cols[sb.ACTIONS] = np.empty((num_steps, *actions.shape), actions.dtype)
+                for k, v in extra.items():
+                    cols[k] = np.empty((num_steps, *v.shape), v.dtype)
+            cols[sb.ACTIONS][t] = actions
+            for k, v in extra.items():
+                cols[k][t] = v
+            obs, rewards[t], terms[t], truncs[t], _ = step(
+                np.clip(actions, *self._clip) if self._clip is not None else actions
+            )
+            self._obs = obs
+        # Per-step bookkeeping is vectorized here, after the loop: at a few microseconds per numpy call
+        # it would otherwise cost as much as the env step itself.
+        ended = terms | truncs
+        # gymnasium 1.x NEXT_STEP autoreset: the step after an ended episode only resets that env.
+        valid = np.concatenate([~self._autoreset[None], ~ended[:-1]], axis=0)
+        self._autoreset = ended[-1].copy()
+        ep_returns, ep_lengths = self._episode_stats(rewards, valid, ended & valid)
+        next_obs = np.concatenate([obs_buf[1:], self._obs[None]], axis=0)
+        cols.update(
+            {
+                sb.OBS: obs_buf,
+                sb.NEXT_OBS: next_obs,
+                sb.REWARDS: rewards,
+                sb.TERMINATEDS: terms,
+                sb.TRUNCATEDS: truncs,
+                sb.VALID: valid,
+            }
+        )
+        batch = SampleBatch(cols, time_major=True, episode_returns=ep_returns, episode_lengths=ep_lengths)
+        return self.policy.postprocess_trajectory(batch)
+
+    def _episode_stats(self, rewards: np.ndarray, valid: np.ndarray, done: np.ndarray) -> tuple[list[float], list[int]]:
+        """Returns and lengths of the episodes that ended in this fragment; carries the unfinished ones over."""
+        ret_sum = np.cumsum(np.where(valid, rewards, 0.0), axis=0)
+        len_sum = np.cumsum(valid, axis=0)
+        returns: list[float] = []
+        lengths: list[int] = []
+        for i in range(self.num_envs):
+            prev_r, prev_n = -self._ep_return[i], -self._ep_len[i]  # the episode running into this fragment
+            for t in np.flatnonzero(done[:, i]):
+                returns.append(float(ret_sum[t, i] - prev_r))
+                lengths.append(int(len_sum[t, i] - prev_n))
+                prev_r, prev_n = ret_sum[t, i], len_sum[t, i]
+            self._ep_return[i] = ret_sum[-1, i] - prev_r
+            self._ep_len[i] = len_sum[-1, i] - prev_n
+        return returns, lengths
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
+        return self.policy.learn_on_batch(batch)
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
+        return self.policy.compute_gradients(batch)
+
+    def sample_and_compute_gradients(self, *, num_steps: int) -> tuple[list[np.ndarray], dict[str, float], SampleBatch]:
+        """A3C's worker step: sample, compute gradients on it; returns (grads, loss stats, stats-only batch)."""
+        t0 = time.perf_counter()
+        batch = self.sample(num_steps=num_steps)
+        t1 = time.perf_counter()
+        grads, stats = self.policy.compute_gradients(batch)
+        stats = {**stats, "worker_time_sample_s": t1 - t0, "worker_time_grad_s": time.perf_counter() - t1}
+        return grads, stats, batch.stats_only()
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.policy.get_weights()
+
+    def set_weights(self, weights: dict[str, np.ndarray], version: int | None = None) -> None:
+        self.policy.set_weights(weights)
+        if version is not None:
+            self.weights_version = version
+
+    def set_epsilon(self, epsilon: float) -> None:
+        self.policy.set_epsilon(epsilon)
+
+    def apply(self, fn: Callable[[PolicyEvaluator], T]) -> T:
+        """Run ``fn(self)`` where the evaluator lives (an escape hatch for optimizers' own hooks)."""
+        return fn(self)
+
+    def ping(self) -> int:
+        return self.worker_index
+
+
+RemoteEvaluator = ray.remote(num_cpus=1)(PolicyEvaluator)
+
+
+class EvaluatorSet:
+    """The driver's local evaluator plus ``num_remote`` evaluator actors, with dead-actor replacement.
+
+    Remote evaluator ``i`` (0-based in :attr:`remotes`) has ``worker_index = i + 1`` and seed
+    ``seed + 1000 * (i + 1)`` (+ ``100_000 * restarts`` after a restart, so a replacement does not
+    replay its predecessor's episodes).
+    """
+
+    def __init__(
+        self,
+        *,
+        env_spec: EnvSpec,
+        num_envs: int,
+        policy_factory: PolicyFactory,
+        num_remote: int,
+        seed: int,
+        remote_num_cpus: float = 1.0,
+        local_num_envs: int = 1,
+    ) -> None:
+        self.env_spec = env_spec
+        self.num_envs = num_envs
+        self.policy_factory = policy_factory
+        self.seed = seed
+        self.remote_num_cpus = remote_num_cpus
+        self.worker_restarts = 0
+        self._restarts_of = [0] * num_remote
+        self.local = PolicyEvaluator(
+            env_spec=env_spec, num_envs=local_num_envs, policy_factory=policy_factory, seed=seed, worker_index=0
+        )
+        self.remotes: list[ActorHandle] = [self._make(i) for i in range(num_remote)]
+        self.weights_version = 0
+
+    def _make(self, i: int) -> ActorHandle:
+        return RemoteEvaluator.options(num_cpus=self.remote_num_cpus).remote(  # type: ignore[attr-defined,return-value]
+            env_spec=self.env_spec,
+            num_envs=self.num_envs,
+            policy_factory=self.policy_factory,
+            seed=self.seed + 1000 * (i + 1) + 100_000 * self._restarts_of[i],
+            worker_index=i + 1,
+        )
+
+    def broadcast_weights(self) -> ray.ObjectRef:
+        """Send the local policy's weights to every remote (one ``ray.put``); returns the object ref.
+
+        Actor calls run in submission order, so each remote's next ``sample`` uses these weights.
+        """
+        self.weights_version += 1
+        ref = ray.put(self.local.get_weights())
+        for r in self.remotes:
+            r.set_weights.remote(ref, self.weights_version)
+        return ref
+
+    def restart(self, i: int) -> ActorHandle:
+        """Replace remote ``i`` (dead or hung) with a fresh actor carrying the current weights; counted."""
+        log.warning("evaluator %d died; restarting it", i + 1)
+        try:
+            ray.kill(self.remotes[i], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone is fine
+            pass
+        self._restarts_of[i] += 1
+        self.worker_restarts += 1
+        actor = self._make(i)
+        actor.set_weights.remote(ray.put(self.local.get_weights()), self.weights_version)
+        self.remotes[i] = actor
+        return actor
+
+    def gather(self, refs: Sequence[ray.ObjectRef], *, indices: Sequence[int] | None = None) -> list[Any]:
+        """``ray.get`` each ref; a ref whose actor died is dropped (its actor restarted), never retried.
+
+        ``indices[j]`` is the remote that produced ``refs[j]`` (default: ``j``).
+        """
+        out = []
+        for j, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref))
+            except RayActorError:
+                self.restart(indices[j] if indices is not None else j)
+        return out
+
+    def foreach_remote(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``method`` on every remote and wait; results of actors that died are dropped."""
+        refs = [getattr(r, method).remote(*args, **kwargs) for r in self.remotes]
+        return self.gather(refs)
+
+    def sample(self, *, num_steps: int) -> list[SampleBatch]:
+        """One batch per live remote (``num_steps`` per env each); a dead remote's batch is dropped."""
+        if not self.remotes:
+            return [self.local.sample(num_steps=num_steps)]
+        return self.foreach_remote("sample", num_steps=num_steps)
+
+    def stop(self) -> None:
+        for r in self.remotes:
+            try:
+                ray.kill(r, no_restart=True)
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                pass
+        self.remotes = []

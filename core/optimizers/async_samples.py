@@ -1,0 +1,172 @@
+"""Asynchronous sampling (IMPALA): evaluators sample continuously with possibly stale weights; a learner
+thread consumes a queue of batches; the loss (V-trace) corrects for the policy lag.
+
+The driver thread keeps one ``sample(num_steps=rollout_fragment)`` call in flight per remote, moves
+each finished batch into a bounded queue and relaunches that remote, first sending it the newest
+weights if the learner has updated them (one ``ray.put`` per weight version). The learner thread
+concatenates fragments into ``train_batch`` env steps and learns. One ``step()`` returns once
+``max(train_batch, iteration_env_steps)`` env steps were sampled (default 1000); it reports what the
+learner did in the meantime.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import ray
+from ray.exceptions import RayActorError
+
+from crossrl.core import metrics as M
+from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
+from crossrl.core.sample_batch import SampleBatch, concat
+
+
+class _Learner(threading.Thread):
+    def __init__(self, evaluators: EvaluatorSet, *, train_batch: int, max_queue: int) -> None:
+        super().__init__(name="crossrl-learner", daemon=True)
+        self.evaluators = evaluators
+        self.train_batch = train_batch
+        self.inqueue: queue.Queue[SampleBatch] = queue.Queue(maxsize=max_queue)
+        self.lock = threading.Lock()  # guards the local policy and the counters below
+        self.version = 0
+        self.steps_trained = 0
+        self.time_learn_s = 0.0
+        self.stats: list[dict[str, float]] = []
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        pending: list[SampleBatch] = []
+        try:
+            while not self.stopped.is_set():
+                try:
+                    pending.append(self.inqueue.get(timeout=0.1))
+                except queue.Empty:
+                    continue
+                if sum(b.num_env_steps() for b in pending) < self.train_batch:
+                    continue
+                # Fragments of one T concatenate along the env axis and stay time-major for V-trace.
+                batch = concat(pending)
+                pending = []
+                t0 = time.perf_counter()
+                with self.lock:
+                    info = self.evaluators.local.learn_on_batch(batch)
+                    self.version += 1
+                    self.steps_trained += batch.num_env_steps()
+                    self.time_learn_s += time.perf_counter() - t0
+                    self.stats.append(info)
+        except BaseException as e:  # noqa: BLE001 - surfaced by the driver thread in step()
+            self.error = e
+
+    def take(self) -> tuple[int, float, list[dict[str, float]]]:
+        with self.lock:
+            out = (self.steps_trained, self.time_learn_s, self.stats)
+            self.steps_trained, self.time_learn_s, self.stats = 0, 0.0, []
+        return out
+
+
+class AsyncSamplesOptimizer(PolicyOptimizer):
+    name = "async_samples"
+
+    def __init__(self, evaluators: EvaluatorSet, *, hyperparams: Mapping[str, Any]) -> None:
+        super().__init__(evaluators, hyperparams=hyperparams)
+        if not evaluators.remotes:
+            raise ValueError("async_samples needs at least one remote evaluator")
+        self.fragment = int(self.hp["rollout_fragment"])
+        self.train_batch = int(self.hp["train_batch"])
+        # One step() reports over at least this many sampled env steps (enough episodes per point).
+        self.iteration_env_steps = max(self.train_batch, int(self.hp.get("iteration_env_steps", 1000)))
+        self.learner = _Learner(
+            evaluators,
+            train_batch=self.train_batch,
+            max_queue=int(self.hp.get("max_queue", 2 * len(evaluators.remotes))),
+        )
+        self._in_flight: dict[ray.ObjectRef, int] = {}
+        self._worker_version = [-1] * len(evaluators.remotes)
+        self._weights: tuple[int, ray.ObjectRef] | None = None
+        self._started = False
+
+    def _weights_ref(self) -> tuple[int, ray.ObjectRef]:
+        """The newest weights in the object store (one ``ray.put`` per learner update)."""
+        with self.learner.lock:
+            version = self.learner.version
+            if self._weights is None or self._weights[0] != version:
+                self._weights = (version, ray.put(self.evaluators.local.get_weights()))
+        return self._weights
+
+    def _launch(self, i: int) -> None:
+        with self.timer(M.TIME_SYNC_WEIGHTS_S):
+            version, ref = self._weights_ref()
+            if self._worker_version[i] != version:
+                self.evaluators.remotes[i].set_weights.remote(ref, version)
+                self._worker_version[i] = version
+        self._in_flight[self.evaluators.remotes[i].sample.remote(num_steps=self.fragment)] = i
+
+    def step(self) -> StepStats:
+        if not self._started:
+            self.learner.start()
+            for i in range(len(self.evaluators.remotes)):
+                self._launch(i)
+            self._started = True
+        stats = StepStats()
+        lags = []
+        while stats.env_steps_sampled < self.iteration_env_steps:
+            if self.learner.error is not None:
+                raise RuntimeError("learner thread failed") from self.learner.error
+            with self.timer(M.TIME_SAMPLE_S):
+                ready, _ = ray.wait(list(self._in_flight), num_returns=1)
+            i = self._in_flight.pop(ready[0])
+            try:
+                batch: SampleBatch = ray.get(ready[0])
+            except RayActorError:
+                self.evaluators.restart(i)
+                self._worker_version[i] = -1
+                self._launch(i)
+                continue
+            lags.append(self.learner.version - self._worker_version[i])
+            stats.add_episodes(batch)
+            with self.timer("time_enqueue_s"):
+                self._enqueue(batch)
+            self._launch(i)
+        trained, learn_s, infos = self.learner.take()
+        stats.env_steps_trained = trained
+        stats.values[M.TIME_LEARN_S] = learn_s
+        if infos:
+            stats.values.update({k: float(np.mean([d[k] for d in infos if k in d])) for k in infos[0]})
+        stats.values["policy_lag_versions"] = float(np.mean(lags)) if lags else 0.0
+        return self._account(stats)
+
+    def _enqueue(self, batch: SampleBatch) -> None:
+        """Blocks while the learner is behind (back-pressure), but not on a learner that died."""
+        while True:
+            if self.learner.error is not None:
+                raise RuntimeError("learner thread failed") from self.learner.error
+            try:
+                self.learner.inqueue.put(batch, timeout=1.0)
+                return
+            except queue.Full:
+                continue
+
+    def stop(self) -> None:
+        self.learner.stopped.set()
+        if self.learner.is_alive():
+            self.learner.join(timeout=10)
+        _cancel(self._in_flight)
+
+
+def _cancel(in_flight: dict[ray.ObjectRef, int]) -> None:
+    for ref in in_flight:
+        try:
+            ray.cancel(ref, force=False)
+        except Exception:  # noqa: BLE001 - best effort: the actors are killed next anyway
+            pass
+    in_flight.clear()
+
+
+OPTIMIZER = AsyncSamplesOptimizer

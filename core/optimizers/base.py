@@ -1,0 +1,95 @@
+"""Policy optimizers (RLlib paper, section 4): the execution strategy, separate from the algorithm's maths.
+
+An optimizer owns the distributed part of training over an :class:`EvaluatorSet`: ``step()`` runs one
+iteration (sample, learn, sync weights; in whatever order and concurrency it implements) and returns a
+:class:`StepStats`. One optimizer per module; :func:`load_optimizer` imports one lazily by name.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from crossrl.core import metrics as M
+from crossrl.core.catalog import OPTIMIZERS
+from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.sample_batch import SampleBatch
+
+
+@dataclass
+class StepStats:
+    """What one ``step()`` did. Counts are for this step only (the adapter accumulates them).
+
+    ``values`` uses the common metric names (:mod:`crossrl.core.metrics`) for timings (seconds) and
+    losses; other keys are kept for logs but not reported as metrics.
+    """
+
+    env_steps_sampled: int = 0
+    env_steps_trained: int = 0
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+    values: dict[str, float] = field(default_factory=dict)
+
+    def add_episodes(self, batch: SampleBatch) -> None:
+        """Count a batch's env steps as sampled and take its completed episodes."""
+        self.env_steps_sampled += batch.num_env_steps()
+        self.episode_returns.extend(batch.episode_returns)
+        self.episode_lengths.extend(batch.episode_lengths)
+
+    def common_values(self) -> dict[str, float]:
+        """Only the entries named in :data:`crossrl.core.metrics.POINT_METRICS`."""
+        return {k: v for k, v in self.values.items() if k in M.POINT_METRICS}
+
+
+class PolicyOptimizer(abc.ABC):
+    """Base: keeps the evaluator set, hyperparameters, cumulative counters and per-step timers."""
+
+    name: str = "base"
+
+    def __init__(self, evaluators: EvaluatorSet, *, hyperparams: Mapping[str, Any]) -> None:
+        self.evaluators = evaluators
+        self.hp: dict[str, Any] = dict(hyperparams)
+        self.num_steps_sampled = 0
+        self.num_steps_trained = 0
+        self._timers: dict[str, float] = {}
+
+    @abc.abstractmethod
+    def step(self) -> StepStats:
+        """One training iteration; returns what it sampled, trained, timed and which episodes completed."""
+
+    def stop(self) -> None:
+        """Stop background threads and in-flight work (the evaluator set is stopped by its owner)."""
+
+    @contextmanager
+    def timer(self, key: str) -> Iterator[None]:
+        """Accumulate wall seconds under ``key`` (e.g. ``metrics.TIME_SAMPLE_S``) until :meth:`pop_timers`."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timers[key] = self._timers.get(key, 0.0) + time.perf_counter() - t0
+
+    def pop_timers(self) -> dict[str, float]:
+        out, self._timers = self._timers, {}
+        return out
+
+    def _account(self, stats: StepStats) -> StepStats:
+        """Add the step's counts to the cumulative counters and its timers to ``values``."""
+        self.num_steps_sampled += stats.env_steps_sampled
+        self.num_steps_trained += stats.env_steps_trained
+        stats.values.update(self.pop_timers())
+        stats.values[M.WORKER_RESTARTS] = float(self.evaluators.worker_restarts)
+        return stats
+
+
+def load_optimizer(name: str) -> type[PolicyOptimizer]:
+    """The optimizer class in ``crossrl.core.optimizers.<name>`` (its module-level ``OPTIMIZER``)."""
+    if name not in OPTIMIZERS:
+        raise KeyError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}")
+    module = importlib.import_module(f"crossrl.core.optimizers.{name}")
+    return module.OPTIMIZER  # type: ignore[no-any-return]

@@ -1,0 +1,364 @@
+"""The policy graph (RLlib paper, section 3): model + action distribution + postprocessing + loss.
+
+:class:`Policy` is what evaluators and optimizers see. :class:`ActorCriticPolicy` is the concrete
+policy for ppo/a2c/a3c/impala: categorical actions for ``Discrete`` spaces, a diagonal Gaussian for
+``Box``; each algorithm module subclasses it and supplies only :meth:`Policy.loss`.
+
+Inference (``compute_actions``) is numpy in, numpy out, under ``torch.inference_mode``; categorical
+sampling uses Gumbel-max in numpy, about twice as fast as ``torch.distributions`` on small batches.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from crossrl.core import maths
+from crossrl.core import sample_batch as sb
+from crossrl.core.models import build_mlp
+from crossrl.core.sample_batch import SampleBatch
+from crossrl.scenarios.spec import ModelSpec
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class Policy(abc.ABC):
+    """Abstract policy graph. Subclasses keep this constructor signature (evaluators build them by keyword).
+
+    ``hyperparams`` are the trial's resolved hyperparameters (crossrl's shared names, see
+    :mod:`crossrl.core.catalog`) plus the algorithm module's extra defaults.
+    """
+
+    def __init__(
+        self,
+        *,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hyperparams: Mapping[str, Any],
+        model: ModelSpec,
+        seed: int,
+    ) -> None:
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.hp: dict[str, Any] = dict(hyperparams)
+        self.model_spec = model
+        self.seed = seed
+        self.rng = np.random.default_rng(seed)
+        torch.manual_seed(seed)
+
+    @abc.abstractmethod
+    def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Actions for a batch ``obs[B, ...]`` and extra columns (e.g. LOGP, VF_PREDS) each ``[B, ...]``."""
+
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        """Runs on the worker right after sampling, on the time-major batch (GAE, n-step, priorities)."""
+        return batch
+
+    @abc.abstractmethod
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """Scalar loss to minimise and stats (metric names from :mod:`crossrl.core.metrics` where they apply)."""
+
+    @abc.abstractmethod
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
+        """Improve the policy on ``batch`` (SGD epochs/minibatches as the hyperparameters say); returns stats."""
+
+    @abc.abstractmethod
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
+        """Gradients of :meth:`loss` on the whole batch, one array per parameter (``parameters()`` order)."""
+
+    @abc.abstractmethod
+    def apply_gradients(self, grads: list[np.ndarray]) -> None:
+        """One optimizer step with ``grads`` (as returned by :meth:`compute_gradients`, maybe from another copy)."""
+
+    @abc.abstractmethod
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Every tensor needed to act and learn identically elsewhere (copies, numpy)."""
+
+    @abc.abstractmethod
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
+
+    def set_epsilon(self, epsilon: float) -> None:
+        """Exploration hook for epsilon-greedy policies; a no-op for stochastic ones."""
+
+
+class PolicyFactory(Protocol):
+    """Builds a policy in an evaluator (must pickle: it travels to Ray actors)."""
+
+    def __call__(self, *, observation_space: gym.Space, action_space: gym.Space, seed: int) -> Policy: ...
+
+
+class PolicySpec:
+    """A picklable :class:`PolicyFactory`: a policy class with its hyperparameters and model spec."""
+
+    def __init__(self, *, policy_cls: type[Policy], hyperparams: Mapping[str, Any], model: ModelSpec) -> None:
+        self.policy_cls = policy_cls
+        self.hyperparams = dict(hyperparams)
+        self.model = model
+
+    def __call__(self, *, observation_space: gym.Space, action_space: gym.Space, seed: int) -> Policy:
+        return self.policy_cls(
+            observation_space=observation_space,
+            action_space=action_space,
+            hyperparams=self.hyperparams,
+            model=self.model,
+            seed=seed,
+        )
+
+
+class ActorCriticPolicy(Policy):
+    """Separate actor and critic MLPs (no shared layers). Subclasses implement :meth:`loss`.
+
+    Hyperparameters used here: ``lr``, ``grad_clip`` (global norm), ``gamma``, ``gae_lambda``,
+    ``epochs`` (default 1) and ``minibatch`` (env steps; default: the whole batch).
+    Set ``use_gae = False`` in a subclass whose loss needs raw time-major batches (V-trace).
+    """
+
+    use_gae: bool = True
+
+    def __init__(
+        self,
+        *,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hyperparams: Mapping[str, Any],
+        model: ModelSpec,
+        seed: int,
+    ) -> None:
+        super().__init__(
+            observation_space=observation_space,
+            action_space=action_space,
+            hyperparams=hyperparams,
+            model=model,
+            seed=seed,
+        )
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise TypeError(f"ActorCriticPolicy needs a Box observation space, got {observation_space}")
+        self.obs_dim = int(np.prod(observation_space.shape))
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        if self.discrete:
+            assert isinstance(action_space, gym.spaces.Discrete)
+            act_dim = int(action_space.n)
+        elif isinstance(action_space, gym.spaces.Box):
+            act_dim = int(np.prod(action_space.shape))
+        else:
+            raise TypeError(f"ActorCriticPolicy supports Discrete and Box actions, got {action_space}")
+        self.act_dim = act_dim
+        self.net = nn.ModuleDict(
+            {
+                "pi": build_mlp(in_dim=self.obs_dim, out_dim=act_dim, model=model, out_gain=0.01),
+                "vf": build_mlp(in_dim=self.obs_dim, out_dim=1, model=model, out_gain=1.0),
+            }
+        )
+        if not self.discrete:
+            self.net.register_parameter("log_std", nn.Parameter(torch.zeros(act_dim)))
+        self.params = list(self.net.parameters())
+        self._np_cache: tuple[list[_NpLayer], np.ndarray | None] | None = None
+        self.optimizer = torch.optim.Adam(self.params, lr=float(self.hp.get("lr", 3e-4)), eps=1e-5)
+
+    # -- acting ------------------------------------------------------------------------------------
+    def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        fused, log_std = self._numpy_net()
+        out = _np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))
+        values = out[:, -1]
+        if self.discrete:
+            logits = out[:, :-1]
+            if explore:
+                # Gumbel-max via exponential race: argmax(logits - log E), E ~ Exp(1), samples softmax(logits).
+                actions = np.argmax(logits - np.log(self.rng.standard_exponential(logits.shape, np.float32)), axis=1)
+            else:
+                actions = np.argmax(logits, axis=1)
+            chosen = logits[np.arange(len(actions)), actions]
+            # log softmax of the chosen action: -log sum_j exp(l_j - l_a) (no overflow for a sampled a).
+            logp = -np.log(np.exp(logits - chosen[:, None]).sum(axis=1))
+        else:
+            assert log_std is not None
+            mean = out[:, :-1]
+            noise = self.rng.standard_normal(mean.shape, np.float32) if explore else np.zeros_like(mean)
+            actions = mean + np.exp(log_std) * noise
+            logp = (-0.5 * noise**2 - log_std - 0.5 * _LOG_2PI).sum(axis=1)
+        return actions, {sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values.astype(np.float32)}
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) for ``obs[B, ...]`` -> ``[B]`` (float32)."""
+        fused, _ = self._numpy_net()
+        return _np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))[:, -1].copy()
+
+    def _numpy_net(self) -> tuple[list[_NpLayer], np.ndarray | None]:
+        """Actor and critic fused into one numpy MLP (block-diagonal weights), refreshed after weight changes.
+
+        Output columns: the actor's outputs, then the value. For the small batches a sampler feeds (one
+        row per env) a numpy matmul costs a few microseconds where a torch module call costs tens
+        (dispatch overhead), and the fusion halves the number of calls.
+        """
+        if self._np_cache is None:
+            with torch.inference_mode():
+                fused = _fuse(_np_layers(self.net["pi"]), _np_layers(self.net["vf"]))
+                log_std = None if self.discrete else self.net.get_parameter("log_std").detach().numpy().copy()
+            self._np_cache = (fused, log_std)
+        return self._np_cache
+
+    # -- postprocessing ------------------------------------------------------------------------------
+    def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
+        """Adds ADVANTAGES and VALUE_TARGETS (GAE) to a time-major batch, bootstrapping where episodes were cut."""
+        if not self.use_gae:
+            return batch
+        next_values = next_values_from(batch, self.value(batch[sb.NEXT_OBS][-1]))
+        adv, targets = maths.gae(
+            rewards=batch[sb.REWARDS],
+            values=batch[sb.VF_PREDS],
+            next_values=next_values,
+            terminated=batch[sb.TERMINATEDS],
+            truncated=batch[sb.TRUNCATEDS],
+            valid=batch.get(sb.VALID),
+            gamma=float(self.hp["gamma"]),
+            lam=float(self.hp["gae_lambda"]),
+        )
+        batch[sb.ADVANTAGES] = adv.astype(np.float32)
+        batch[sb.VALUE_TARGETS] = targets.astype(np.float32)
+        return batch
+
+    # -- model evaluation for losses ----------------------------------------------------------------
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log pi(a|s), entropy, V(s)), each of ``obs``'s leading shape (works on [B] and [T, N])."""
+        lead = obs.shape[: obs.dim() - len(self.observation_space.shape or ())]
+        x = obs.reshape(-1, self.obs_dim)
+        out = self.net["pi"](x)
+        values = self.net["vf"](x)[:, 0]
+        if self.discrete:
+            logp_all = torch.log_softmax(out, dim=-1)
+            a = actions.reshape(-1).long()
+            logp = logp_all.gather(1, a[:, None])[:, 0]
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        else:
+            log_std = self.net.get_parameter("log_std").expand_as(out)
+            a = actions.reshape(-1, self.act_dim)
+            z = (a - out) / log_std.exp()
+            logp = (-0.5 * z**2 - log_std - 0.5 * _LOG_2PI).sum(-1)
+            entropy = (log_std + 0.5 * (1.0 + _LOG_2PI)).sum(-1)
+        return logp.reshape(lead), entropy.reshape(lead), values.reshape(lead)
+
+    # -- learning -----------------------------------------------------------------------------------
+    def to_tensors(self, batch: SampleBatch) -> dict[str, torch.Tensor]:
+        return {k: torch.as_tensor(v) for k, v in batch.items()}
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
+        """``epochs`` passes of shuffled minibatches of ``minibatch`` env steps (time-major losses: whole batch)."""
+        epochs = int(self.hp.get("epochs") or 1)
+        if not self.use_gae:
+            stats = [self._sgd_step(self.to_tensors(batch)) for _ in range(epochs)]
+            return _mean_stats(stats)
+        flat = batch.flatten()
+        size = int(self.hp.get("minibatch") or flat.num_env_steps())
+        stats = []
+        for _ in range(epochs):
+            for mb in flat.minibatches(size=size, rng=self.rng):
+                stats.append(self._sgd_step(self.to_tensors(mb)))
+        return _mean_stats(stats)
+
+    def _sgd_step(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+        loss, stats = self.loss(tensors)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        stats["grad_norm"] = self._clip()
+        self.optimizer.step()
+        self._np_cache = None
+        return stats
+
+    def _clip(self) -> float:
+        clip = self.hp.get("grad_clip")
+        if clip:
+            return float(nn.utils.clip_grad_norm_(self.params, float(clip)))
+        return float(torch.sqrt(sum((p.grad**2).sum() for p in self.params if p.grad is not None)))  # type: ignore[arg-type]
+
+    def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
+        data = batch if not self.use_gae else batch.flatten()
+        loss, stats = self.loss(self.to_tensors(data))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = [(p.grad.numpy().copy() if p.grad is not None else np.zeros(p.shape, np.float32)) for p in self.params]
+        return grads, stats
+
+    def apply_gradients(self, grads: list[np.ndarray]) -> None:
+        if len(grads) != len(self.params):
+            raise ValueError(f"apply_gradients: got {len(grads)} arrays for {len(self.params)} parameters")
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = torch.tensor(g, dtype=p.dtype).reshape(p.shape)
+        self._clip()
+        self.optimizer.step()
+        self._np_cache = None
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return {k: v.detach().numpy().copy() for k, v in self.net.state_dict().items()}
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
+        self._np_cache = None
+
+
+# One layer of a numpy MLP: (W^T [in, out], b [out]) for a Linear, or the activation's name.
+_NpLayer = tuple[np.ndarray, np.ndarray] | str
+
+
+def _np_layers(seq: nn.Module) -> list[_NpLayer]:
+    layers: list[_NpLayer] = []
+    for m in seq.children():
+        if isinstance(m, nn.Linear):
+            layers.append((m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()))
+        elif isinstance(m, nn.Tanh):
+            layers.append("tanh")
+        elif isinstance(m, nn.ReLU):
+            layers.append("relu")
+        else:
+            raise TypeError(f"numpy inference does not know {type(m).__name__}")
+    return layers
+
+
+def _fuse(a: list[_NpLayer], b: list[_NpLayer]) -> list[_NpLayer]:
+    """Two MLPs of the same depth on the same input -> one MLP whose outputs are [a's, b's]."""
+    out: list[_NpLayer] = []
+    for i, (la, lb) in enumerate(zip(a, b, strict=True)):
+        if isinstance(la, str) or isinstance(lb, str):
+            assert la == lb
+            out.append(la)
+            continue
+        (wa, ba), (wb, bb) = la, lb
+        if i == 0:
+            w = np.concatenate([wa, wb], axis=1)  # shared input
+        else:
+            w = np.zeros((wa.shape[0] + wb.shape[0], wa.shape[1] + wb.shape[1]), np.float32)
+            w[: wa.shape[0], : wa.shape[1]] = wa
+            w[wa.shape[0] :, wa.shape[1] :] = wb
+        out.append((w, np.concatenate([ba, bb])))
+    return out
+
+
+def _np_forward(layers: list[_NpLayer], x: np.ndarray) -> np.ndarray:
+    for layer in layers:
+        if isinstance(layer, str):
+            x = np.tanh(x) if layer == "tanh" else np.maximum(x, 0.0)
+        else:
+            x = x @ layer[0] + layer[1]
+    return x
+
+
+def next_values_from(batch: SampleBatch, bootstrap: np.ndarray) -> np.ndarray:
+    """V(next obs) per row ``[T, N]``: the next row's VF_PREDS, and ``bootstrap[N]`` for the last row.
+
+    In NEXT_STEP autoreset mode the row after an ended episode is an autoreset row whose OBS is the
+    episode's final observation, so its VF_PREDS is exactly the value a truncated episode bootstraps on.
+    """
+    values = batch[sb.VF_PREDS]
+    return np.concatenate([values[1:], bootstrap[None].astype(values.dtype)], axis=0)
+
+
+def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    if not stats:
+        return {}
+    return {k: float(np.mean([s[k] for s in stats if k in s])) for k in stats[0]}
