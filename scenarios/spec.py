@@ -165,7 +165,7 @@ class ScenarioSpec(BaseModel):
     budget: BudgetSpec
     target: TargetSpec = Field(default_factory=TargetSpec)
     seeds: tuple[int, ...] = (0,)
-    regress: dict[str, float] = Field(default_factory=dict, description="regression tolerances (see `crossrl regress`)")
+    regress: RegressSpec = Field(default_factory=RegressSpec, description="tolerances for `crossrl regress`")
 
     @field_validator("engines")
     @classmethod
