@@ -181,3 +181,9 @@ def test_cli_run_refuses_unsupported_before_storing(tmp_path: Path) -> None:
     assert "rllib-a2c-w1-s0: RLlib 2.60 has no A2C" in out.stderr
     assert "--skip-unsupported" in out.stderr
     assert not (tmp_path / "res" / "mlflow.db").exists()
+
+
+def test_regress_tolerances_are_checked() -> None:
+    [line] = problems(with_("regress", {"throughput": 0.1}))
+    assert "regress.throughput: unknown field" in line
+    assert validate(with_("regress", {"throughput_drop": 0.3}), label="r").regress.throughput_drop == 0.3
