@@ -25,7 +25,8 @@ TARGET = 400.0
 SETTINGS: dict[str, dict[str, Any]] = {
     "dqn": {
         "budget": 150_000,
-        "hyperparams": {"lr": 5.0e-4, "n_step": 3, "replay_ratio": 8.0},
+        # Prioritized replay: the slowest of seeds 0-2 reached 400 at 63k env steps with it, 133k without.
+        "hyperparams": {"lr": 5.0e-4, "n_step": 3, "replay_ratio": 8.0, "prioritized_replay": True},
         "model": {"hidden": [64, 64], "activation": "relu"},
     },
     "apex": {

@@ -103,8 +103,8 @@ def test_terminal_transition_does_not_bootstrap() -> None:
         sb.N_STEP_DISCOUNTS: torch.tensor([0.0]),
         sb.N_STEP_NEXT_OBS: torch.full((1, 2), 100.0),
     }
-    q = float(policy.q(batch[sb.OBS])[0, 1])
-    assert float(policy._td_error(batch)[0]) == pytest.approx(q - 1.0, abs=1e-6)
+    q = float(policy.q(batch[sb.OBS])[0, 1].detach())
+    assert float(policy._td_error(batch)[0].detach()) == pytest.approx(q - 1.0, abs=1e-6)
 
 
 def test_weights_round_trip_and_target_update() -> None:

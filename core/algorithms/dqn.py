@@ -1,0 +1,19 @@
+"""DQN (Mnih et al. 2015) with double-Q targets (van Hasselt et al. 2016) and optional n-step returns
+and prioritized replay: the loss is :class:`~crossrl.core.q_policy.QPolicy`'s Huber TD loss, the
+default optimizer ``sync_replay`` (a driver-side replay buffer). The shared hyperparameters' defaults
+are in :mod:`crossrl.core.catalog`; the extras below are crossrl-only settings.
+"""
+
+from __future__ import annotations
+
+from crossrl.core.algorithms import AlgorithmDef
+from crossrl.core.q_policy import QPolicy
+
+ALGORITHM = AlgorithmDef(
+    name="dqn",
+    policy_cls=QPolicy,
+    extra_defaults={
+        # env steps sampled per optimizer step() (one reported point); RLlib's DQN uses 1000 too
+        "steps_per_iteration": 1000,
+    },
+)

@@ -1,0 +1,141 @@
+"""Synchronous replay (DQN): evaluators sample, transitions go into a replay buffer on the driver, the
+driver's policy trains on replayed batches and its target network is synced every ``target_update`` env steps.
+
+One round: set every evaluator's epsilon (the linear schedule over global env steps), broadcast weights
+if they changed, sample ``rollout_fragment`` steps per env from every evaluator in parallel, add the
+valid transitions to the buffer, then train ``replay_ratio x new transitions / train_batch`` batches
+(a fractional remainder carries over) once ``learning_starts`` env steps were sampled. ``step()`` runs
+rounds until ``steps_per_iteration`` env steps were sampled, so a point is reported per ~1000 env
+steps rather than per round.
+
+Hyperparameters: ``train_batch``, ``buffer_size``, ``learning_starts``, ``target_update``,
+``rollout_fragment``, ``replay_ratio``, ``prioritized_replay``, ``priority_alpha``, ``priority_beta``,
+``epsilon_initial``, ``epsilon_final``, ``epsilon_timesteps``; extra: ``steps_per_iteration``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from crossrl.core import metrics as M
+from crossrl.core import sample_batch as sb
+from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
+from crossrl.core.q_policy import REPLAY_COLUMNS, QPolicy, linear_epsilon
+from crossrl.core.replay import PrioritizedReplayBuffer, ReplayBuffer
+from crossrl.core.sample_batch import SampleBatch
+
+DEFAULT_STEPS_PER_ITERATION = 1000
+
+
+def replay_columns(batch: SampleBatch) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+    """A postprocessed batch as flat replay columns (valid rows only) and its worker-side priorities, if any."""
+    flat = batch.flatten()
+    cols = {k: flat[k] for k in REPLAY_COLUMNS}
+    return cols, flat.get(sb.PRIORITIES)
+
+
+def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Key-wise mean over a list of stats dicts (keys missing from some are averaged over the rest)."""
+    keys = {k for s in stats for k in s}
+    return {k: float(np.mean([s[k] for s in stats if k in s])) for k in keys}
+
+
+class SyncReplayOptimizer(PolicyOptimizer):
+    """DQN's execution: synchronous sampling into a driver-side replay buffer, training on the driver."""
+
+    name = "sync_replay"
+
+    def __init__(self, evaluators: EvaluatorSet, *, hyperparams: Mapping[str, Any]) -> None:
+        super().__init__(evaluators, hyperparams=hyperparams)
+        policy = evaluators.local.policy
+        if not isinstance(policy, QPolicy):
+            raise TypeError(f"sync_replay trains a QPolicy (dqn, apex), got {type(policy).__name__}")
+        self.policy: QPolicy = policy
+        rng = np.random.default_rng([evaluators.seed, 7])
+        capacity = int(self.hp["buffer_size"])
+        self.prioritized = bool(self.hp.get("prioritized_replay"))
+        self.buffer: ReplayBuffer
+        if self.prioritized:
+            self.buffer = PrioritizedReplayBuffer(capacity, alpha=float(self.hp["priority_alpha"]), rng=rng)
+        else:
+            self.buffer = ReplayBuffer(capacity, rng=rng)
+        self.train_batch = int(self.hp["train_batch"])
+        self.steps_per_iteration = int(self.hp.get("steps_per_iteration", DEFAULT_STEPS_PER_ITERATION))
+        self._owed = 0.0  # transitions of training owed under replay_ratio, not yet trained
+        self._last_target_sync = 0
+        self._weights_dirty = True
+
+    def epsilon(self, env_steps: int | None = None) -> float:
+        """The exploration epsilon after ``env_steps`` env steps sampled (default: so far)."""
+        return linear_epsilon(
+            env_steps=self.num_steps_sampled if env_steps is None else env_steps,
+            initial=float(self.hp["epsilon_initial"]),
+            final=float(self.hp["epsilon_final"]),
+            timesteps=int(self.hp["epsilon_timesteps"]),
+        )
+
+    def step(self) -> StepStats:
+        stats = StepStats()
+        learn_stats: list[dict[str, float]] = []
+        while stats.env_steps_sampled < self.steps_per_iteration:
+            learn_stats += self._round(stats)
+        stats.values.update(mean_stats(learn_stats))
+        stats.values["epsilon"] = self.epsilon()
+        stats.values["replay_size"] = float(len(self.buffer))
+        return self._account(stats)
+
+    def _round(self, stats: StepStats) -> list[dict[str, float]]:
+        ev = self.evaluators
+        sampled_before = self.num_steps_sampled + stats.env_steps_sampled
+        eps = self.epsilon(sampled_before)
+        with self.timer(M.TIME_SYNC_WEIGHTS_S):
+            if self._weights_dirty and ev.remotes:
+                ev.broadcast_weights()
+                self._weights_dirty = False
+            # Actor calls run in submission order: this epsilon applies to the sample below.
+            for r in ev.remotes:
+                r.set_epsilon.remote(eps)
+            ev.local.set_epsilon(eps)
+        with self.timer(M.TIME_SAMPLE_S):
+            batches = ev.sample(num_steps=int(self.hp["rollout_fragment"]))
+        new = 0
+        for batch in batches:
+            stats.add_episodes(batch)
+            cols, priorities = replay_columns(batch)
+            if isinstance(self.buffer, PrioritizedReplayBuffer):
+                self.buffer.add(cols, priorities=priorities)
+            else:
+                self.buffer.add(cols)
+            new += batch.num_env_steps()
+        sampled = sampled_before + new
+        out: list[dict[str, float]] = []
+        if sampled < int(self.hp["learning_starts"]):
+            return out
+        self._owed += float(self.hp["replay_ratio"]) * new
+        with self.timer(M.TIME_LEARN_S):
+            while self._owed >= self.train_batch:
+                out.append(self._learn_once())
+                self._owed -= self.train_batch
+                stats.env_steps_trained += self.train_batch
+                self._weights_dirty = True
+            if sampled - self._last_target_sync >= int(self.hp["target_update"]):
+                self.policy.update_target()
+                self._last_target_sync = sampled
+                self._weights_dirty = True
+        return out
+
+    def _learn_once(self) -> dict[str, float]:
+        if isinstance(self.buffer, PrioritizedReplayBuffer):
+            cols, ids, weights = self.buffer.sample_prioritized(self.train_batch, beta=float(self.hp["priority_beta"]))
+            stats, td = self.policy.learn_on_replay_batch({**cols, sb.WEIGHTS: weights})
+            self.buffer.update_priorities(ids, td)
+            return stats
+        stats, _ = self.policy.learn_on_replay_batch(self.buffer.sample(self.train_batch))
+        return stats
+
+
+OPTIMIZER = SyncReplayOptimizer
