@@ -40,8 +40,10 @@ test: install chromium lint
 test-fast: install
 	$(BIN)/pytest -m "not learning and not integration" $(PYTEST_FLAGS)
 
+# Full learning runs (long: about an hour on 2 cores). tests/learning goes through the real runner and
+# writes crossrl-results/learning/table.md (the README's table); tests/core checks the core in-process.
 learning-tests: install
-	$(BIN)/pytest -m learning -s --timeout 7200 $(PYTEST_FLAGS)
+	$(BIN)/pytest -m learning -s --timeout 7200 tests/learning tests/core $(PYTEST_FLAGS)
 
 demo: install
 	$(BIN)/crossrl run demo --skip-unsupported; status=$$?; \
