@@ -34,8 +34,12 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --no-error-summary . || { echo "mypy found type errors"; exit 1; }
 
+# The smoke scenario and `crossrl regress` against reports/baselines/smoke.json run inside the tests
+# (tests/integration/test_contract.py); the regression table is printed at the end.
 test: install chromium lint
+	rm -f crossrl-results/ci/regress.md
 	$(BIN)/pytest -m "not learning" --timeout 900 $(PYTEST_FLAGS)
+	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
 
 test-fast: install
 	$(BIN)/pytest -m "not learning and not integration" $(PYTEST_FLAGS)

@@ -131,3 +131,20 @@ def test_smoke_report_opens_in_chromium(smoke_run: dict[str, Any], tmp_path: Pat
         smoke_run["report_dir"] / "report.html", tmp_path, engines=["crossrl", "rllib", "torchrl"]
     )
     assert shot.exists()
+
+
+def test_smoke_has_no_regression_against_the_committed_baseline(smoke_run: dict[str, Any], mlflow_server: str) -> None:
+    """The CI gate: this run against reports/baselines/smoke.json. The Markdown table and JUnit XML go to
+    crossrl-results/ci/ (printed by `make test`)."""
+    repo = Path(__file__).resolve().parents[2]
+    out = repo / "crossrl-results" / "ci"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "crossrl.cli", "regress", "--baseline", str(repo / "reports/baselines/smoke.json"),
+            "--run", smoke_run["loaded"].meta["parent_run_id"], "--tracking-uri", mlflow_server,
+            "--markdown", str(out / "regress.md"), "--junit", str(out / "regress.xml"),
+        ],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (out / "regress.md").read_text().count("| crossrl/ppo/w") == 4  # 2 worker counts x 2 metrics
