@@ -299,6 +299,107 @@ def baseline_update(
     typer.echo(f"baseline written: {out} ({len(data['entries'])} entries, fingerprint {data['fingerprint']})")
 
 
+bench_app = typer.Typer(
+    help="Benchmarks, measured side by side in one run (ratios, not absolute speeds).", no_args_is_help=True
+)
+app.add_typer(bench_app, name="bench")
+JsonOut = Annotated[Path | None, typer.Option("--json", help="also write the figures as JSON")]
+
+
+@bench_app.command("sampling")
+def bench_sampling_cmd(
+    env: Annotated[str, typer.Option("--env", help="gymnasium env id")] = "CartPole-v1",
+    workers: Annotated[str, typer.Option("--workers", help="worker counts, e.g. 1,2")] = "1,2",
+    envs_per_worker: Annotated[int, typer.Option("--envs-per-worker")] = 8,
+    repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 3,
+    seconds: Annotated[float, typer.Option("--seconds", help="timed seconds per measurement")] = 3.0,
+    engines_: Annotated[str, typer.Option("--engines")] = "raw,crossrl,rllib,torchrl",
+    json_out: JsonOut = None,
+) -> None:
+    """Env steps/s of pure sampling: raw gymnasium vector env, crossrl, RLlib, TorchRL (same MLP), interleaved."""
+    from crossrl.adapters.bench.commands import bench_sampling
+    from crossrl.adapters.bench.results import print_speed_table
+
+    console = _console()
+    table = bench_sampling(
+        env_id=env,
+        workers=tuple(_csv_ints(workers, "--workers") or ()),
+        envs_per_worker=envs_per_worker,
+        repeat=repeat,
+        seconds=seconds,
+        engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
+        progress=console.print,
+    )
+    print_speed_table(table, console=console)
+    if json_out:
+        table.to_json(json_out)
+
+
+@bench_app.command("scaling")
+def bench_scaling_cmd(
+    env_latency_ms: Annotated[float, typer.Option("--env-latency-ms", help="wall time per env step")] = 2.0,
+    workers: Annotated[str, typer.Option("--workers")] = "1,2,4,8,16",
+    engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib,torchrl",
+    optimizers: Annotated[str, typer.Option("--optimizers")] = "sync_samples,async_samples",
+    seconds: Annotated[float, typer.Option("--seconds")] = 3.0,
+    json_out: JsonOut = None,
+) -> None:
+    """Speedup and parallel efficiency against workers on an env whose steps cost wall time, not CPU."""
+    from crossrl.adapters.bench.commands import bench_scaling
+    from crossrl.adapters.bench.results import print_speed_table
+
+    console = _console()
+    table = bench_scaling(
+        env_latency_ms=env_latency_ms,
+        workers=tuple(_csv_ints(workers, "--workers") or ()),
+        engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
+        optimizers=tuple(o.strip() for o in optimizers.split(",") if o.strip()),
+        seconds=seconds,
+        progress=console.print,
+    )
+    print_speed_table(table, console=console)
+    if json_out:
+        table.to_json(json_out)
+
+
+@bench_app.command("e2e")
+def bench_e2e_cmd(
+    engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib,torchrl",
+    seeds: Annotated[str, typer.Option("--seeds")] = "0,1,2",
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    json_out: JsonOut = None,
+) -> None:
+    """PPO CartPole-v1 wall seconds to return 450 per engine (the cartpole-ppo scenario, real runner)."""
+    from crossrl.adapters.bench.commands import bench_e2e
+    from crossrl.adapters.bench.results import print_e2e_table
+    from crossrl.reports.store import ResultsStore
+
+    console = _console()
+    table = bench_e2e(
+        engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
+        seeds=tuple(_csv_ints(seeds, "--seeds") or ()),
+        store=ResultsStore(tracking_uri, results_dir=results_dir),
+        progress=console.print,
+    )
+    print_e2e_table(table, console=console)
+    if json_out:
+        table.to_json(json_out)
+
+
+@bench_app.command("overhead")
+def bench_overhead_cmd(json_out: JsonOut = None) -> None:
+    """crossrl's own cost: store logging share, report build time, CLI start time, RSS per worker."""
+    from crossrl.adapters.bench.commands import bench_overhead
+    from crossrl.adapters.bench.results import print_overhead
+
+    console = _console()
+    overhead = bench_overhead(progress=console.print)
+    print_overhead(overhead, console=console)
+    if json_out:
+        overhead.to_json(json_out)
+
+
 @app.command()
 def ui(
     port: Annotated[int, typer.Option("--port", help="port on 127.0.0.1")] = 5000,

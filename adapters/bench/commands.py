@@ -1,0 +1,338 @@
+"""The ``crossrl bench`` commands as library functions: sampling, scaling, e2e, overhead.
+
+Each returns plain data (:mod:`crossrl.adapters.bench.results`), which has ``to_json(path)``, and has a
+printer there. Throughput is measured interleaved (A B C D A B C D ...), each measurement in a fresh
+process with its own warm-up, and quoted as ratios of medians measured in the same run, because
+absolute figures move from run to run on shared machines (DESIGN.md, "Measuring speed").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from crossrl.adapters.bench.results import E2ERow, E2ETable, Overhead, SpeedTable, add_scaling, speed_rows
+from crossrl.adapters.bench.samplers import DEFAULT_FRAGMENT, DEFAULT_MODEL, SamplerResult, measure
+from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+SAMPLING_ENGINES = ("raw", "crossrl", "rllib", "torchrl")
+Progress = Callable[[str], None]  # one line of progress text
+
+
+@contextmanager
+def _own_ray_clusters() -> Iterator[None]:
+    """Trials started meanwhile start their own local Ray (``RAY_ADDRESS=local``) instead of joining the
+    newest cluster another user started on this machine (what ``ray.init()`` does without an address)."""
+    old = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = old or "local"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("RAY_ADDRESS", None)
+
+
+def _say(progress: Progress | None, text: str) -> None:
+    if progress is not None:
+        progress(text)
+
+
+def _interleaved(
+    contestants: Sequence[tuple[str, str | None]],
+    *,
+    env_spec: EnvSpec,
+    workers: Sequence[int],
+    envs_per_worker: int,
+    repeat: int,
+    seconds: float,
+    warmup_s: float,
+    fragment: int,
+    model: ModelSpec,
+    progress: Progress | None,
+) -> list[SamplerResult]:
+    """Round r: for each worker count, every contestant once, in order; ``repeat`` rounds."""
+    if repeat < 1:
+        raise ValueError(f"bench: repeat={repeat} must be >= 1")
+    out = []
+    for r in range(repeat):
+        for w in workers:
+            for engine, optimizer in contestants:
+                res = measure(
+                    engine,
+                    env_spec=env_spec,
+                    workers=w,
+                    envs_per_worker=envs_per_worker,
+                    model=model,
+                    seconds=seconds,
+                    warmup_s=warmup_s,
+                    fragment=fragment,
+                    optimizer=optimizer,
+                )
+                out.append(res)
+                _say(progress, f"round {r + 1}/{repeat}: {res.label} w{w}: {res.steps_per_s[0]:,.0f} steps/s")
+    return out
+
+
+def bench_sampling(
+    *,
+    env_id: str = "CartPole-v1",
+    workers: Sequence[int] = (1, 2),
+    envs_per_worker: int = 8,
+    repeat: int = 3,
+    seconds: float = 3.0,
+    engines: Sequence[str] = SAMPLING_ENGINES,
+    warmup_s: float = 1.0,
+    fragment: int = DEFAULT_FRAGMENT,
+    model: ModelSpec = DEFAULT_MODEL,
+    progress: Progress | None = None,
+) -> SpeedTable:
+    """Pure-sampling env steps/s of each engine at each worker count, interleaved over ``repeat`` rounds.
+
+    ``seconds``: timed wall seconds per measurement (after ``warmup_s`` s of warm-up in the same
+    process). ``fragment``: env steps per env per iteration (one weight broadcast per iteration).
+    Include "raw" and "crossrl" in ``engines`` to get the ratios to them.
+    """
+    unknown = [e for e in engines if e not in SAMPLING_ENGINES]
+    if unknown:
+        raise ValueError(f"bench sampling: unknown engine(s) {unknown}; known: {', '.join(SAMPLING_ENGINES)}")
+    env_spec = EnvSpec(id=env_id)
+    results = _interleaved(
+        [(e, "sync_samples" if e == "crossrl" else None) for e in engines],
+        env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds,
+        warmup_s=warmup_s, fragment=fragment, model=model, progress=progress,
+    )  # fmt: skip
+    # sync_samples is crossrl's default sampler here: label it plainly "crossrl".
+    for r in results:
+        r.optimizer = None
+    cond = {"seconds": seconds, "warmup_s": warmup_s, "repeat": repeat, "fragment": fragment,
+            "model": model.model_dump(mode="json"), "crossrl_optimizer": "sync_samples"}  # fmt: skip
+    return SpeedTable(kind="sampling", env_id=env_id, rows=speed_rows(results), conditions=cond)
+
+
+def bench_scaling(
+    *,
+    env_id: str = "CartPole-v1",
+    env_latency_ms: float = 2.0,
+    workers: Sequence[int] = (1, 2, 4, 8, 16),
+    engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
+    optimizers: Sequence[str] = ("sync_samples", "async_samples"),
+    envs_per_worker: int = 1,
+    repeat: int = 1,
+    seconds: float = 3.0,
+    warmup_s: float = 1.0,
+    fragment: int = 64,
+    model: ModelSpec = DEFAULT_MODEL,
+    progress: Progress | None = None,
+) -> SpeedTable:
+    """Throughput against workers on an env whose step sleeps ``env_latency_ms`` (wall time, no CPU).
+
+    crossrl is measured once per optimizer in ``optimizers`` (rows "crossrl/<optimizer>"), each
+    through the optimizer's own ``step()`` with a no-op learning step; ratios to crossrl use
+    "crossrl/sync_samples". Ray is started with ``max(workers, cores)`` CPUs and every actor asks for
+    one, so 16 sleeping workers fit on 2 cores. Speedup and efficiency are against the fewest workers.
+    """
+    unknown = [e for e in engines if e not in SAMPLING_ENGINES]
+    if unknown:
+        raise ValueError(f"bench scaling: unknown engine(s) {unknown}; known: {', '.join(SAMPLING_ENGINES)}")
+    contestants: list[tuple[str, str | None]] = []
+    for e in engines:
+        contestants += [(e, o) for o in optimizers] if e == "crossrl" else [(e, None)]
+    results = _interleaved(
+        contestants,
+        env_spec=EnvSpec(id=env_id, step_latency_ms=env_latency_ms), workers=sorted(workers),
+        envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds, warmup_s=warmup_s, fragment=fragment,
+        model=model, progress=progress,
+    )  # fmt: skip
+    rows = speed_rows(results, crossrl_label="crossrl/sync_samples")
+    add_scaling(rows)
+    cond = {"env_latency_ms": env_latency_ms, "seconds": seconds, "warmup_s": warmup_s, "repeat": repeat,
+            "fragment": fragment, "ray_cpus": "max(workers, cores), 1 per actor",
+            "model": model.model_dump(mode="json")}  # fmt: skip
+    return SpeedTable(kind="scaling", env_id=env_id, rows=rows, conditions=cond)
+
+
+def bench_e2e(
+    *,
+    engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
+    seeds: Sequence[int] = (0, 1, 2),
+    store: Any = None,
+    scenario: str = "cartpole-ppo",
+    progress: Progress | None = None,
+) -> E2ETable:
+    """Run ``scenario`` (PPO CartPole-v1 to 450) through the real runner; wall seconds to target per engine.
+
+    ``store``: a :class:`~crossrl.reports.store.ResultsStore`; None: a throw-away one in a temp folder.
+    Wall seconds are the trials' ``wall_s_to_target`` (from the clock start, set-up excluded).
+    """
+    from crossrl.adapters.runner import run_scenario
+    from crossrl.core import metrics as M
+    from crossrl.reports.store import ResultsStore
+    from crossrl.scenarios.loader import load
+
+    spec, path = load(scenario, overrides={"engines": list(engines), "seeds": list(seeds)})
+    with tempfile.TemporaryDirectory(prefix="crossrl-bench-e2e-") as tmp:
+        st = store if store is not None else ResultsStore(results_dir=Path(tmp))
+
+        def notify(event: str, payload: dict[str, Any]) -> None:
+            if event == "trial_end":
+                r = payload["result"]
+                _say(progress, f"{r.trial.name}: {r.status}, wall_s_to_target={r.summary.get(M.WALL_S_TO_TARGET)}")
+
+        with _own_ray_clusters():
+            outcome = run_scenario(spec, store=st, spec_path=path, skip_unsupported=True, progress=notify,
+                                   command=f"crossrl bench e2e {scenario}")  # fmt: skip
+    return e2e_table(spec, outcome)
+
+
+def e2e_table(spec: Any, outcome: Any) -> E2ETable:
+    """Per engine of ``spec`` (a ScenarioSpec), its trials' wall seconds and env steps to the target."""
+    from crossrl.core import metrics as M
+
+    rows = []
+    for engine in spec.engines:
+        mine = [r for r in outcome.results if r.trial.engine == engine]
+        rows.append(
+            E2ERow(
+                engine=engine,
+                wall_s=[_opt(r.summary.get(M.WALL_S_TO_TARGET)) for r in mine],
+                steps=[_opt(r.summary.get(M.STEPS_TO_TARGET)) for r in mine],
+                statuses=[r.status for r in mine],
+            )
+        )
+    target = spec.target.episode_return_mean
+    return E2ETable(scenario=spec.name, target=target, rows=rows, parent_run_id=outcome.parent_id)
+
+
+def _opt(x: Any) -> float | None:
+    return float(x) if x is not None else None
+
+
+def bench_overhead(
+    *,
+    results_dir: Path | None = None,
+    report_builds: int = 1,
+    help_repeats: int = 5,
+    rss_seconds: float = 3.0,
+    rss_workers: int = 2,
+    rss_envs_per_worker: int = 8,
+    compare_rllib_rss: bool = True,
+    progress: Progress | None = None,
+) -> Overhead:
+    """crossrl's own costs: store logging share of a smoke run, report build, CLI start, evaluator RSS.
+
+    - Logging: the ``smoke`` scenario, crossrl only, 1 worker, 1 seed, through the real runner with a
+      store whose ``log_points`` (and every other write) is timed; ``results_dir`` (default: a temp
+      folder) holds that store.
+    - Report: ``build_report`` over synthetic frames of 100 runs x 200 points, ``report_builds`` times.
+    - CLI: ``crossrl --help`` as a whole process, ``help_repeats`` times.
+    - Memory: peak RSS (VmHWM) of each crossrl evaluator actor after ``rss_seconds`` of sampling
+      ``rss_workers x rss_envs_per_worker`` CartPole envs (and of RLlib's env runners, for reference).
+    """
+    with tempfile.TemporaryDirectory(prefix="crossrl-bench-overhead-") as tmp:
+        run_wall, log_s, write_s = _timed_smoke_run(results_dir or Path(tmp), progress)
+        _say(progress, f"smoke run {run_wall:.1f} s, log_points {log_s:.2f} s, store writes {write_s:.2f} s")
+        builds = _time_report_builds(Path(tmp) / "report", report_builds)
+        _say(progress, f"report builds: {', '.join(f'{b:.2f}' for b in builds)} s")
+    helps = _time_help(help_repeats)
+    _say(progress, f"crossrl --help: {', '.join(f'{h:.2f}' for h in helps)} s")
+    env = EnvSpec(id="CartPole-v1")
+    kw: dict[str, Any] = {"env_spec": env, "workers": rss_workers, "envs_per_worker": rss_envs_per_worker,
+                          "seconds": rss_seconds, "rss": True}  # fmt: skip
+    rss = measure("crossrl", optimizer="sync_samples", **kw).peak_rss_mb or []
+    rllib_rss = (measure("rllib", **kw).peak_rss_mb or []) if compare_rllib_rss else []
+    _say(progress, f"peak RSS: crossrl evaluators {rss}, rllib env runners {rllib_rss} MiB")
+    return Overhead(
+        run_wall_s=run_wall,
+        log_points_s=log_s,
+        store_writes_s=write_s,
+        report_build_s=builds,
+        help_s=helps,
+        evaluator_peak_rss_mb=rss,
+        rllib_env_runner_peak_rss_mb=rllib_rss,
+        details={
+            "smoke": "crossrl x 1 worker x seed 0",
+            "rss_workers": rss_workers,
+            "rss_envs_per_worker": rss_envs_per_worker,
+        },  # fmt: skip
+    )
+
+
+_WRITES = ("start_parent", "start_trial", "log_points", "set_tags", "log_native_config", "log_text", "log_file",
+           "finish_trial", "finish_parent")  # fmt: skip
+
+
+def _timed_store(results_dir: Path) -> tuple[Any, dict[str, float]]:
+    """A ResultsStore whose write methods add their wall seconds to the returned dict (by method name)."""
+    from crossrl.reports.store import ResultsStore
+
+    store = ResultsStore(results_dir=results_dir)
+    spent: dict[str, float] = dict.fromkeys(_WRITES, 0.0)
+    for name in _WRITES:
+        original = getattr(store, name)
+
+        def timed(*args: Any, _f: Callable[..., Any] = original, _n: str = name, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                spent[_n] += time.perf_counter() - t0
+
+        setattr(store, name, timed)
+    return store, spent
+
+
+def _timed_smoke_run(results_dir: Path, progress: Progress | None) -> tuple[float, float, float]:
+    """(run wall s, log_points s, all store writes s) of the smoke scenario on crossrl, 1 worker, seed 0."""
+    from crossrl.adapters.runner import run_scenario
+    from crossrl.scenarios.loader import load
+
+    spec, path = load("smoke", overrides={"engines": ["crossrl"], "seeds": [0], "execution.workers": [1]})
+    store, spent = _timed_store(results_dir)
+    t0 = time.perf_counter()
+    with _own_ray_clusters():
+        outcome = run_scenario(spec, store=store, spec_path=path, command="crossrl bench overhead")
+    wall = time.perf_counter() - t0
+    bad = [f"{r.trial.name}: {r.status} {r.reason}" for r in outcome.results if r.status != "FINISHED"]
+    if bad:
+        raise RuntimeError(f"bench overhead: the smoke run did not finish: {bad}")
+    return wall, spent["log_points"], sum(spent.values())
+
+
+def _time_report_builds(out_dir: Path, n: int, **frames: Any) -> list[float]:
+    """Wall seconds of ``n`` report builds over synthetic frames (default: 100 runs x 200 points)."""
+    from crossrl.adapters.bench.synthetic import synthetic_frames
+    from crossrl.reports.render import build_report
+
+    trials, points, meta = synthetic_frames(**frames)
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        build_report(trials=trials, points=points, meta=meta, out_dir=out_dir / f"r{i}")
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def help_command() -> list[str]:
+    """The installed ``crossrl`` script next to this Python, else the same entry point through ``-c``."""
+    script = Path(sys.executable).with_name("crossrl")
+    if script.exists():
+        return [str(script), "--help"]
+    return [sys.executable, "-c", "import sys; from crossrl.cli import main; sys.exit(main())", "--help"]
+
+
+def _time_help(n: int) -> list[float]:
+    cmd = help_command()
+    env = {**os.environ, "COLUMNS": "100"}
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=120)
+        times.append(time.perf_counter() - t0)
+    return times

@@ -1,0 +1,259 @@
+"""The sampling contestants, as they run inside one fresh measurement process (see :mod:`.samplers`).
+
+Each ``setup_<engine>`` (raw and crossrl here, RLlib and TorchRL in :mod:`.others`) builds its
+engine's sampler for ``workers x envs_per_worker`` envs and returns a :class:`Contestant`: ``step()``
+runs one iteration (one weight broadcast, then ``fragment`` env steps per env on every worker,
+gathered on the driver) and returns the env steps it sampled; ``close()`` releases it. No
+contestant learns. :func:`time_windows` turns ``step`` into steps/s figures.
+
+Run through ``python -m crossrl.adapters.bench._child REQUEST.json RESULT.json`` by :mod:`.samplers`.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+from crossrl.core.cluster import LOCAL_RAY_ENV
+from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+ENGINES = ("raw", "crossrl", "rllib", "torchrl")
+
+
+@dataclass
+class Contestant:
+    """One engine's sampler, set up: ``step() -> env steps sampled``; ``close()`` releases it."""
+
+    step: Callable[[], int]
+    close: Callable[[], None]
+    info: dict[str, Any] = field(default_factory=dict)
+    worker_pids: Callable[[], list[int]] = list  # the processes that step the envs
+
+
+def peak_rss_mb(pid: int) -> float:
+    """A process's peak resident set size so far (Linux ``VmHWM``), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def time_windows(step: Callable[[], int], *, warmup_s: float, seconds: float, windows: int) -> list[float]:
+    """Env steps/s over ``windows`` consecutive windows of at least ``seconds`` each, after ``warmup_s``.
+
+    A window ends at the first iteration boundary after ``seconds`` of wall time (at least one
+    iteration), so a slow engine is timed over whole iterations, never a partial one.
+    """
+    t0 = time.perf_counter()
+    step()
+    while time.perf_counter() - t0 < warmup_s:
+        step()
+    out = []
+    for _ in range(windows):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            n += step()
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds:
+                break
+        out.append(n / elapsed)
+    return out
+
+
+def _ray_up(workers: int) -> None:
+    """A local Ray on 127.0.0.1 with a whole (logical) CPU per worker, even past the machine's cores.
+
+    Latency-bound workers sleep most of the time, so 16 of them on 2 cores is the point of the
+    scaling benchmark; telling Ray ``max(workers, cores)`` CPUs keeps every actor at ``num_cpus=1``
+    (the engines' defaults) instead of per-engine fractional shares.
+    """
+    from crossrl.core import cluster
+
+    cluster.connect(None, num_cpus=max(workers, os.cpu_count() or 1))
+
+
+# raw: gymnasium's own vector env with random actions, one process per worker (the limit)
+
+
+def _raw_worker(conn: Connection, env_spec_json: str, num_envs: int, seed: int) -> None:
+    """Steps ``num_envs`` copies ``k`` times per request ``k``; replies with transitions (autoreset steps excluded)."""
+    import numpy as np
+
+    from crossrl.core.envs import make_vector_env
+
+    env = make_vector_env(EnvSpec.model_validate_json(env_spec_json), num_envs)
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    actions = [env.action_space.sample() for _ in range(64)]  # sampling is not the env's cost
+    autoreset = np.zeros(num_envs, bool)
+    conn.send("ready")
+    i = 0
+    while (k := conn.recv()) is not None:
+        count = 0
+        for _ in range(k):
+            _, _, term, trunc, _ = env.step(actions[i % 64])
+            i += 1
+            count += num_envs - int(np.count_nonzero(autoreset))
+            autoreset = term | trunc
+        conn.send(count)
+    env.close()
+
+
+def setup_raw(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, model: ModelSpec, fragment: int) -> Contestant:
+    del model  # random actions: no policy
+    ctx = mp.get_context("spawn")
+    conns, procs = [], []
+    for i in range(workers):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_raw_worker, args=(child, env_spec.model_dump_json(), envs_per_worker, i), daemon=True)
+        p.start()
+        conns.append(parent)
+        procs.append(p)
+    for c in conns:
+        assert c.recv() == "ready"
+
+    def step() -> int:
+        for c in conns:
+            c.send(fragment)
+        return sum(int(c.recv()) for c in conns)
+
+    def close() -> None:
+        for c in conns:
+            c.send(None)
+        for p in procs:
+            p.join(timeout=10)
+
+    info = {"vector_env": "crossrl.core.envs.make_vector_env", "processes": workers}
+    return Contestant(step, close, info, lambda: [int(p.pid) for p in procs if p.pid is not None])
+
+
+# crossrl: the real policy optimizer over evaluator actors, with learning replaced by nothing
+
+
+def setup_crossrl(
+    *,
+    env_spec: EnvSpec,
+    workers: int,
+    envs_per_worker: int,
+    model: ModelSpec,
+    fragment: int,
+    optimizer: str = "sync_samples",
+) -> Contestant:
+    """``optimizer``'s own ``step()`` (sync_samples: broadcast, sample all, concat; async_samples: one
+    sample in flight per worker, a learner thread that consumes batches) with a no-op learning step."""
+    import ray
+
+    from crossrl.adapters.bench.nolearn import NoLearnPolicy
+    from crossrl.core.algorithms import load
+    from crossrl.core.evaluator import EvaluatorSet
+    from crossrl.core.optimizers.base import load_optimizer
+    from crossrl.core.policy import PolicySpec
+
+    _ray_up(workers)
+    alg = load("ppo")
+    batch = fragment * workers * envs_per_worker
+    hp = {**alg.hyperparams(alg_defaults("ppo")), "train_batch": batch, "rollout_fragment": fragment}
+    evaluators = EvaluatorSet(
+        env_spec=env_spec,
+        num_envs=envs_per_worker,
+        policy_factory=PolicySpec(policy_cls=NoLearnPolicy, hyperparams=hp, model=model),
+        num_remote=workers,
+        seed=0,
+        remote_num_cpus=1.0,
+    )
+    opt = load_optimizer(optimizer)(evaluators, hyperparams=hp)
+    ray.get([r.ping.remote() for r in evaluators.remotes])
+
+    def close() -> None:
+        opt.stop()
+        evaluators.stop()
+        ray.shutdown()
+
+    def pids() -> list[int]:
+        return [int(p) for p in ray.get([r.apply.remote(_getpid) for r in evaluators.remotes])]
+
+    info = {
+        "optimizer": optimizer,
+        "fragment": fragment,
+        "actor_blas": ray.get(evaluators.remotes[0].apply.remote(_blas)),
+    }
+    return Contestant(lambda: opt.step().env_steps_sampled, close, info, pids)
+
+
+def _getpid(_: Any) -> int:
+    return os.getpid()
+
+
+def _blas(_: Any) -> list[str]:
+    """The BLAS/OpenMP thread pools of the calling process, e.g. ``openblas:1``."""
+    from threadpoolctl import threadpool_info
+
+    return [f"{p['internal_api']}:{p['num_threads']}" for p in threadpool_info()]
+
+
+def alg_defaults(name: str) -> dict[str, Any]:
+    from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+
+    return dict(HYPERPARAM_DEFAULTS[name])
+
+
+def _setups() -> dict[str, Callable[..., Contestant]]:
+    from crossrl.adapters.bench.others import setup_rllib, setup_torchrl
+
+    return {"raw": setup_raw, "crossrl": setup_crossrl, "rllib": setup_rllib, "torchrl": setup_torchrl}
+
+
+def run_request(request: dict[str, Any]) -> dict[str, Any]:
+    """Set up ``request["engine"]``, time it, close it; returns {"samples": [steps/s...], "info": {...}}."""
+    engine = request["engine"]
+    setups = _setups()
+    if engine not in setups:
+        raise ValueError(f"unknown contestant {engine!r}; known: {', '.join(ENGINES)}")
+    kwargs: dict[str, Any] = {
+        "env_spec": EnvSpec.model_validate(request["env_spec"]),
+        "workers": int(request["workers"]),
+        "envs_per_worker": int(request["envs_per_worker"]),
+        "model": ModelSpec.model_validate(request["model"]),
+        "fragment": int(request["fragment"]),
+    }
+    if engine == "crossrl":
+        kwargs["optimizer"] = request.get("optimizer") or "sync_samples"
+    t0 = time.perf_counter()
+    contestant = setups[engine](**kwargs)
+    setup_s = time.perf_counter() - t0
+    try:
+        samples = time_windows(
+            contestant.step,
+            warmup_s=float(request["warmup_s"]),
+            seconds=float(request["seconds"]),
+            windows=int(request.get("windows", 1)),
+        )
+        rss = [peak_rss_mb(pid) for pid in contestant.worker_pids()] if request.get("rss") else None
+    finally:
+        contestant.close()
+    return {"samples": samples, "info": {**contestant.info, "setup_s": setup_s}, "peak_rss_mb": rss}
+
+
+def main(argv: list[str]) -> int:
+    for k, v in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(k, v)  # before Ray is imported (it reads them at import time)
+    with open(argv[1]) as f:
+        request = json.load(f)
+    if request.get("profile"):
+        import cProfile
+
+        prof = cProfile.Profile()
+        result = prof.runcall(run_request, request)
+        prof.dump_stats(request["profile"])
+    else:
+        result = run_request(request)
+    with open(argv[2], "w") as f:
+        json.dump(result, f)
+    return 0

@@ -1,0 +1,276 @@
+"""The benchmarks' results as plain data: pure functions that compute tables from measured figures,
+rich printers, and JSON writers (``to_json(path)`` on every result, the same figures the tables show).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crossrl.adapters.bench.samplers import SamplerResult
+
+SCHEMA_VERSION = 1
+
+
+def _write(path: Path, kind: str, data: dict[str, Any]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "bench": kind, **data}, indent=1) + "\n")
+    return path
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+@dataclass
+class SpeedRow:
+    """One contestant at one size: env steps/s median and spread over its measurements."""
+
+    engine: str  # "raw", "crossrl", "rllib", "torchrl"; crossrl with an optimizer: "crossrl/async_samples"
+    workers: int
+    envs_per_worker: int
+    samples: list[float]
+    ratio_to_raw: float | None = None  # median / raw's median at the same size, same run
+    ratio_to_crossrl: float | None = None  # median / crossrl's median at the same size, same run
+    speedup: float | None = None  # scaling: median / this contestant's median at the fewest workers
+    efficiency: float | None = None  # scaling: speedup / (workers / fewest workers)
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.samples))
+
+    @property
+    def min(self) -> float:
+        return float(min(self.samples))
+
+    @property
+    def max(self) -> float:
+        return float(max(self.samples))
+
+    def to_dict(self) -> dict[str, Any]:
+        """engine, workers, envs_per_worker, steps_per_s {median, min, max, samples}, and the ratios."""
+        out: dict[str, Any] = {
+            "engine": self.engine,
+            "workers": self.workers,
+            "envs_per_worker": self.envs_per_worker,
+            "steps_per_s": {"median": self.median, "min": self.min, "max": self.max, "samples": self.samples},
+            "ratio_to_raw": self.ratio_to_raw,
+            "ratio_to_crossrl": self.ratio_to_crossrl,
+        }
+        if self.speedup is not None:
+            out |= {"speedup": self.speedup, "efficiency": self.efficiency}
+        return out
+
+
+def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossrl") -> list[SpeedRow]:
+    """Group measurements by (contestant, workers) and compute each median's ratios to raw and to crossrl.
+
+    Ratios are of medians measured in the same run at the same workers x envs per worker; a ratio is
+    None when its reference was not measured.
+    """
+    grouped: dict[tuple[str, int, int], list[float]] = {}
+    for r in results:
+        grouped.setdefault((r.label, r.workers, r.envs_per_worker), []).extend(r.steps_per_s)
+    rows = [SpeedRow(engine=k[0], workers=k[1], envs_per_worker=k[2], samples=v) for k, v in grouped.items() if v]
+    ref = {(row.engine, row.workers, row.envs_per_worker): row.median for row in rows}
+    for row in rows:
+        size = (row.workers, row.envs_per_worker)
+        row.ratio_to_raw = _ratio(row.median, ref.get(("raw", *size)))
+        row.ratio_to_crossrl = _ratio(row.median, ref.get((crossrl_label, *size)))
+    return rows
+
+
+def add_scaling(rows: Sequence[SpeedRow]) -> None:
+    """Set speedup and parallel efficiency of each row against the same contestant's fewest-workers row."""
+    base: dict[str, SpeedRow] = {}
+    for row in rows:
+        if row.engine not in base or row.workers < base[row.engine].workers:
+            base[row.engine] = row
+    for row in rows:
+        b = base[row.engine]
+        row.speedup = _ratio(row.median, b.median)
+        row.efficiency = row.speedup / (row.workers / b.workers) if row.speedup is not None else None
+
+
+@dataclass
+class SpeedTable:
+    """``bench sampling`` or ``bench scaling``: rows plus the conditions they were measured under."""
+
+    kind: str  # "sampling" or "scaling"
+    env_id: str
+    rows: list[SpeedRow]
+    conditions: dict[str, Any] = field(default_factory=dict)  # seconds, repeat, fragment, latency, model...
+
+    def row(self, engine: str, workers: int) -> SpeedRow:
+        for r in self.rows:
+            if r.engine == engine and r.workers == workers:
+                return r
+        raise KeyError(f"no row for {engine} at {workers} workers")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"env_id": self.env_id, "conditions": self.conditions, "rows": [r.to_dict() for r in self.rows]}
+
+    def to_json(self, path: Path) -> Path:
+        return _write(path, self.kind, self.to_dict())
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
+    """A rich table: median (min-max) steps/s and ratios; scaling adds speedup and efficiency."""
+    from rich.console import Console
+    from rich.table import Table
+
+    scaling = table.kind == "scaling"
+    t = Table(title=f"bench {table.kind}: {table.env_id} ({_conditions_line(table.conditions)})")
+    for col in ("engine", "workers", "envs/worker", "steps/s median", "min-max", "x raw", "x crossrl"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    if scaling:
+        t.add_column("speedup", justify="right")
+        t.add_column("efficiency", justify="right")
+    for r in sorted(table.rows, key=lambda r: (r.workers, r.engine)):
+        cells = [
+            r.engine,
+            str(r.workers),
+            str(r.envs_per_worker),
+            f"{r.median:,.0f}",
+            f"{r.min:,.0f}-{r.max:,.0f} (n={len(r.samples)})",
+            _fmt(r.ratio_to_raw, ".2f"),
+            _fmt(r.ratio_to_crossrl, ".3f"),
+        ]
+        if scaling:
+            cells += [_fmt(r.speedup, ".2f"), _fmt(None if r.efficiency is None else 100 * r.efficiency, ".0f") + "%"]
+        t.add_row(*cells)
+    (console or Console()).print(t)
+
+
+def _conditions_line(cond: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in cond.items() if not isinstance(v, dict))
+
+
+@dataclass
+class E2ERow:
+    """One engine's PPO CartPole wall seconds to the target over seeds (None: not reached)."""
+
+    engine: str
+    wall_s: list[float | None]
+    steps: list[float | None]
+    statuses: list[str]
+
+    @property
+    def reached(self) -> int:
+        return sum(w is not None for w in self.wall_s)
+
+    @property
+    def median_wall_s(self) -> float | None:
+        """Median over seeds that reached the target (None if none did; see ``reached``)."""
+        got = [w for w in self.wall_s if w is not None]
+        return float(statistics.median(got)) if got else None
+
+
+@dataclass
+class E2ETable:
+    scenario: str
+    target: float | None
+    rows: list[E2ERow]
+    parent_run_id: str = ""
+
+    def ratio(self, engine: str = "crossrl", reference: str = "rllib") -> float | None:
+        """Median wall seconds to target of ``engine`` / ``reference`` (target: <= 0.5 for crossrl/rllib)."""
+        med = {r.engine: r.median_wall_s for r in self.rows}
+        return _ratio(med.get(engine), med.get(reference))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "target": self.target,
+            "parent_run_id": self.parent_run_id,
+            "ratio_crossrl_to_rllib": self.ratio(),
+            "rows": [{**asdict(r), "reached": r.reached, "median_wall_s": r.median_wall_s} for r in self.rows],
+        }
+
+    def to_json(self, path: Path) -> Path:
+        return _write(path, "e2e", self.to_dict())
+
+
+def print_e2e_table(table: E2ETable, *, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"bench e2e: {table.scenario}, wall seconds to return {table.target:g}")
+    for col in ("engine", "seeds reaching", "median wall s", "per seed wall s", "per seed env steps"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    for r in table.rows:
+        t.add_row(
+            r.engine,
+            f"{r.reached}/{len(r.wall_s)}",
+            _fmt(r.median_wall_s, ".1f"),
+            ", ".join(_fmt(w, ".1f") for w in r.wall_s),
+            ", ".join(_fmt(s, ".0f") for s in r.steps),
+        )
+    con = console or Console()
+    con.print(t)
+    con.print(f"crossrl / rllib median wall seconds to target: {_fmt(table.ratio(), '.2f')} (target <= 0.5)")
+
+
+@dataclass
+class Overhead:
+    """crossrl's own costs (targets from issue 7 in the comments)."""
+
+    run_wall_s: float  # one smoke-sized `run_scenario`, whole
+    log_points_s: float  # of which in ResultsStore.log_points (buffered log_batch); target share <= 2 %
+    store_writes_s: float  # all store writes (runs, params, tags, artifacts, points)
+    report_build_s: list[float]  # build_report on 100 runs x 200 points; target < 5 s
+    help_s: list[float]  # `crossrl --help`, whole process; target < 0.5 s
+    evaluator_peak_rss_mb: list[float]  # per crossrl evaluator actor (VmHWM); target <= 300 MB
+    rllib_env_runner_peak_rss_mb: list[float] = field(default_factory=list)  # reference (about 400 MB)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def log_share(self) -> float:
+        return self.log_points_s / self.run_wall_s if self.run_wall_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        med = statistics.median
+        return {
+            **asdict(self),
+            "log_share": self.log_share,
+            "store_share": self.store_writes_s / self.run_wall_s if self.run_wall_s else 0.0,
+            "report_build_s_median": med(self.report_build_s) if self.report_build_s else None,
+            "help_s_median": med(self.help_s) if self.help_s else None,
+            "evaluator_peak_rss_mb_max": max(self.evaluator_peak_rss_mb, default=None),
+        }
+
+    def to_json(self, path: Path) -> Path:
+        return _write(path, "overhead", self.to_dict())
+
+
+def print_overhead(o: Overhead, *, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    d = o.to_dict()
+    t = Table(title="bench overhead: crossrl's own costs")
+    for col in ("what", "measured", "target"):
+        t.add_column(col)
+    rss = o.evaluator_peak_rss_mb
+    t.add_row(
+        "store logging (log_points) share of run wall time",
+        f"{100 * o.log_share:.2f}% ({o.log_points_s:.2f} of {o.run_wall_s:.1f} s)",
+        "<= 2%",
+    )
+    t.add_row("all store writes, share", f"{100 * d['store_share']:.2f}% ({o.store_writes_s:.2f} s)", "-")
+    t.add_row("report build, 100 runs x 200 points", f"{_fmt(d['report_build_s_median'], '.2f')} s median", "< 5 s")
+    t.add_row("`crossrl --help`", f"{_fmt(d['help_s_median'], '.2f')} s median of {len(o.help_s)}", "< 0.5 s")
+    t.add_row("peak RSS per crossrl evaluator", ", ".join(f"{x:.0f}" for x in rss) + " MiB", "<= 300 MB")
+    if o.rllib_env_runner_peak_rss_mb:
+        t.add_row("peak RSS per RLlib env runner (reference)",
+                  ", ".join(f"{x:.0f}" for x in o.rllib_env_runner_peak_rss_mb) + " MiB", "-")  # fmt: skip
+    (console or Console()).print(t)

@@ -1,0 +1,207 @@
+"""Pure-sampling speed (env steps/s, no learning) of one contestant, each measurement in a fresh process.
+
+One function per contestant: :func:`sample_raw` (gymnasium's vector env, random actions, one process
+per worker: the limit), :func:`sample_crossrl` (crossrl's evaluator actors under a real policy
+optimizer, random-weights MLP), :func:`sample_rllib` (RLlib 2.60 env runners), :func:`sample_torchrl`
+(TorchRL 0.14 collectors). Like the runner's trials, every call starts
+``python -m crossrl.adapters.bench._child`` in its own session, so Ray clusters, torch threads and
+imports of one contestant cannot leak into the next; the code that runs there is
+:mod:`crossrl.adapters.bench.contestants`.
+
+Every contestant does the same work per iteration: one weight broadcast, then ``fragment`` env steps
+on each of the ``workers x envs_per_worker`` envs, gathered on the driver. Env steps are transitions
+(gymnasium's autoreset steps are not counted), timed over the driver's wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+DEFAULT_MODEL = ModelSpec(hidden=(64, 64), activation="tanh")
+DEFAULT_FRAGMENT = 128  # env steps per env per iteration: 1024 per worker at 8 envs
+SETUP_TIMEOUT_S = 300.0  # Ray + RLlib start-up on a busy 2-core machine, on top of the timed part
+
+
+@dataclass
+class SamplerResult:
+    """One contestant at one size. ``steps_per_s``: one figure per timed window (env steps/s)."""
+
+    engine: str
+    workers: int
+    envs_per_worker: int
+    steps_per_s: list[float] = field(default_factory=list)
+    optimizer: str | None = None  # crossrl only: the policy optimizer whose sampling was timed
+    info: dict[str, Any] = field(default_factory=dict)
+    peak_rss_mb: list[float] | None = None  # per env-stepping process (MiB), when asked for
+
+    @property
+    def label(self) -> str:
+        return self.engine if self.optimizer is None else f"{self.engine}/{self.optimizer}"
+
+
+class BenchError(RuntimeError):
+    """A measurement process failed; the message carries the end of its log."""
+
+
+def measure(
+    engine: str,
+    *,
+    env_spec: EnvSpec,
+    workers: int,
+    envs_per_worker: int,
+    model: ModelSpec = DEFAULT_MODEL,
+    seconds: float = 3.0,
+    warmup_s: float = 1.0,
+    windows: int = 1,
+    fragment: int = DEFAULT_FRAGMENT,
+    optimizer: str | None = None,
+    profile_path: Path | None = None,
+    rss: bool = False,
+) -> SamplerResult:
+    """Time ``engine`` ("raw", "crossrl", "rllib", "torchrl") in a fresh process.
+
+    After set-up and ``warmup_s`` seconds of iterations, ``windows`` windows of ``seconds`` each are
+    timed (each ends on an iteration boundary). ``profile_path``: also write a cProfile dump of the
+    measurement process's driver (for crossrl that is the driver, not the evaluator actors).
+    ``rss``: also read each env-stepping process's peak RSS (Linux VmHWM) after the timed part.
+    """
+    if workers < 1 or envs_per_worker < 1 or fragment < 1 or windows < 1 or seconds <= 0:
+        raise ValueError(
+            f"bench: workers={workers}, envs_per_worker={envs_per_worker}, fragment={fragment}, "
+            f"windows={windows} must be >= 1 and seconds={seconds} > 0"
+        )
+    request = {
+        "engine": engine,
+        "env_spec": env_spec.model_dump(mode="json"),
+        "workers": workers,
+        "envs_per_worker": envs_per_worker,
+        "model": model.model_dump(mode="json"),
+        "seconds": seconds,
+        "warmup_s": warmup_s,
+        "windows": windows,
+        "fragment": fragment,
+        "optimizer": optimizer,
+        "profile": str(profile_path) if profile_path else None,
+        "rss": rss,
+    }
+    timeout = SETUP_TIMEOUT_S + warmup_s + windows * seconds * 3
+    result = run_child(request, timeout_s=timeout)
+    return SamplerResult(
+        engine=engine,
+        workers=workers,
+        envs_per_worker=envs_per_worker,
+        steps_per_s=[float(x) for x in result["samples"]],
+        optimizer=optimizer if engine == "crossrl" else None,
+        info=result.get("info", {}),
+        peak_rss_mb=result.get("peak_rss_mb"),
+    )
+
+
+def run_child(request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
+    """Run one measurement process (own session) and return its JSON result; raise :class:`BenchError`."""
+    from crossrl.adapters.runner import child_env
+
+    with tempfile.TemporaryDirectory(prefix="crossrl-bench-") as tmp:
+        req, res, log = Path(tmp) / "request.json", Path(tmp) / "result.json", Path(tmp) / "child.log"
+        req.write_text(json.dumps(request))
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "crossrl.adapters.bench._child", str(req), str(res)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                # "local": always a new cluster of our own. Without it ray.init() joins the newest
+                # cluster another user started on this machine (found via /tmp/ray), measured here.
+                env={**child_env(), "RAY_ADDRESS": "local"},
+            )
+            try:
+                code = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_tree(proc.pid)
+                proc.wait()
+                raise BenchError(
+                    f"{request['engine']}: no result within {timeout_s:.0f} s; log:\n{_tail(log)}"
+                ) from None
+        if code != 0 or not res.exists():
+            raise BenchError(f"{request['engine']}: measurement process exited with {code}; log:\n{_tail(log)}")
+        data: dict[str, Any] = json.loads(res.read_text())
+        return data
+
+
+def _tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text(errors="replace")[-chars:]
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL the process we started and everything under it (its Ray cluster too)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.Error:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def sample_raw(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, seconds: float, **kw: Any) -> SamplerResult:
+    """The limit: ``crossrl.core.envs.make_vector_env`` with random actions, one process per worker."""
+    return measure("raw", env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, seconds=seconds, **kw)
+
+
+def sample_crossrl(
+    *,
+    env_spec: EnvSpec,
+    workers: int,
+    envs_per_worker: int,
+    seconds: float,
+    optimizer: str = "sync_samples",
+    **kw: Any,
+) -> SamplerResult:
+    """crossrl: ``workers`` evaluator actors x ``envs_per_worker`` envs under ``optimizer``'s own ``step()``.
+
+    The policy is PPO's (random-weights MLP) with a no-op ``learn_on_batch``, so what is timed is the
+    optimizer's sampling path: sync_samples broadcasts weights (one ``ray.put``) and gathers one
+    batch per actor; async_samples keeps one ``sample`` in flight per actor and feeds its learner
+    thread (which learns nothing, but still re-broadcasts weights after each "update").
+    """
+    return measure(
+        "crossrl",
+        env_spec=env_spec,
+        workers=workers,
+        envs_per_worker=envs_per_worker,
+        seconds=seconds,
+        optimizer=optimizer,
+        **kw,
+    )
+
+
+def sample_rllib(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, seconds: float, **kw: Any) -> SamplerResult:
+    """RLlib 2.60: an EnvRunnerGroup (num_env_runners=workers) sampled as PPO's training_step does."""
+    return measure("rllib", env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, seconds=seconds, **kw)
+
+
+def sample_torchrl(
+    *, env_spec: EnvSpec, workers: int, envs_per_worker: int, seconds: float, **kw: Any
+) -> SamplerResult:
+    """TorchRL 0.14: Collector (1 worker) or MultiSyncCollector over SerialEnv(GymWrapper(make_env))."""
+    return measure(
+        "torchrl", env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, seconds=seconds, **kw
+    )
+
+
+SAMPLERS = {"raw": sample_raw, "crossrl": sample_crossrl, "rllib": sample_rllib, "torchrl": sample_torchrl}

@@ -1,0 +1,156 @@
+"""Bench tables from given numbers: ratios to raw and to crossrl, scaling speedup/efficiency, JSON fields."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from crossrl.adapters.bench.results import (
+    E2ERow,
+    E2ETable,
+    Overhead,
+    SpeedTable,
+    add_scaling,
+    print_e2e_table,
+    print_overhead,
+    print_speed_table,
+    speed_rows,
+)
+from crossrl.adapters.bench.samplers import SamplerResult
+
+
+def _r(engine: str, workers: int, *xs: float, optimizer: str | None = None) -> SamplerResult:
+    return SamplerResult(engine=engine, workers=workers, envs_per_worker=8, steps_per_s=list(xs), optimizer=optimizer)
+
+
+def _sampling_rows() -> list:  # type: ignore[type-arg]
+    # Interleaved rounds as bench_sampling produces them: one figure per measurement.
+    results = []
+    for raw, core, rl in [(100_000, 60_000, 1_000), (120_000, 50_000, 2_000), (110_000, 70_000, 1_500)]:
+        results += [_r("raw", 1, raw), _r("crossrl", 1, core), _r("rllib", 1, rl)]
+    results += [_r("raw", 2, 200_000), _r("crossrl", 2, 90_000)]
+    return speed_rows(results)
+
+
+def test_ratios_are_of_medians_at_the_same_size() -> None:
+    rows = {(r.engine, r.workers): r for r in _sampling_rows()}
+    raw1, core1, rl1 = rows["raw", 1], rows["crossrl", 1], rows["rllib", 1]
+    assert (raw1.median, raw1.min, raw1.max) == (110_000, 100_000, 120_000)
+    assert core1.median == 60_000 and rl1.median == 1_500
+    assert core1.ratio_to_raw == pytest.approx(60_000 / 110_000)
+    assert rl1.ratio_to_crossrl == pytest.approx(1_500 / 60_000)
+    assert rl1.ratio_to_raw == pytest.approx(1_500 / 110_000)
+    assert raw1.ratio_to_raw == pytest.approx(1.0) and core1.ratio_to_crossrl == pytest.approx(1.0)
+    # 2 workers compare with 2 workers only.
+    assert rows["crossrl", 2].ratio_to_raw == pytest.approx(0.45)
+    assert rows["raw", 2].ratio_to_crossrl == pytest.approx(200_000 / 90_000)
+
+
+def test_ratio_is_none_without_its_reference() -> None:
+    (row,) = speed_rows([_r("rllib", 4, 1000.0)])
+    assert row.ratio_to_raw is None and row.ratio_to_crossrl is None
+
+
+def test_scaling_speedup_and_efficiency_per_contestant() -> None:
+    results = [
+        _r("crossrl", 1, 400.0, optimizer="sync_samples"),
+        _r("crossrl", 4, 1400.0, optimizer="sync_samples"),
+        _r("crossrl", 1, 500.0, optimizer="async_samples"),
+        _r("crossrl", 4, 2000.0, optimizer="async_samples"),
+        _r("rllib", 2, 300.0),
+        _r("rllib", 4, 450.0),
+    ]
+    rows = speed_rows(results, crossrl_label="crossrl/sync_samples")
+    add_scaling(rows)
+    by = {(r.engine, r.workers): r for r in rows}
+    assert by["crossrl/sync_samples", 4].speedup == pytest.approx(3.5)
+    assert by["crossrl/sync_samples", 4].efficiency == pytest.approx(0.875)
+    assert by["crossrl/async_samples", 4].efficiency == pytest.approx(1.0)
+    assert by["crossrl/async_samples", 4].ratio_to_crossrl == pytest.approx(2000 / 1400)
+    # rllib's fewest workers are 2: its base is its own 2-worker figure.
+    assert by["rllib", 4].speedup == pytest.approx(1.5) and by["rllib", 4].efficiency == pytest.approx(0.75)
+
+
+def test_sampling_json_has_the_documented_fields(tmp_path: Path) -> None:
+    table = SpeedTable(kind="sampling", env_id="CartPole-v1", rows=_sampling_rows(), conditions={"seconds": 3.0})
+    doc = json.loads(table.to_json(tmp_path / "out" / "s.json").read_text())
+    assert doc["bench"] == "sampling" and doc["schema_version"] == 1 and doc["env_id"] == "CartPole-v1"
+    assert len(doc["rows"]) == 5
+    for row in doc["rows"]:
+        assert {"engine", "workers", "envs_per_worker", "steps_per_s", "ratio_to_raw", "ratio_to_crossrl"} <= set(row)
+        assert {"median", "min", "max"} <= set(row["steps_per_s"])
+        assert row["steps_per_s"]["min"] <= row["steps_per_s"]["median"] <= row["steps_per_s"]["max"]
+    rl = next(r for r in doc["rows"] if r["engine"] == "rllib")
+    assert rl["steps_per_s"]["median"] == 1_500 and rl["ratio_to_crossrl"] == pytest.approx(0.025)
+
+
+def test_e2e_ratio_and_json(tmp_path: Path) -> None:
+    table = E2ETable(
+        scenario="cartpole-ppo",
+        target=450.0,
+        rows=[
+            E2ERow("crossrl", [30.0, None, 50.0], [60_000.0, None, 80_000.0], ["FINISHED"] * 3),
+            E2ERow("rllib", [100.0, 140.0, 120.0], [90_000.0, 95_000.0, 99_000.0], ["FINISHED"] * 3),
+        ],
+    )
+    assert table.rows[0].reached == 2 and table.rows[0].median_wall_s == 40.0
+    assert table.ratio() == pytest.approx(40.0 / 120.0)
+    doc = json.loads(table.to_json(tmp_path / "e.json").read_text())
+    assert doc["ratio_crossrl_to_rllib"] == pytest.approx(1 / 3)
+    assert doc["rows"][0]["median_wall_s"] == 40.0 and doc["rows"][0]["wall_s"][1] is None
+
+
+def test_overhead_shares_and_json(tmp_path: Path) -> None:
+    o = Overhead(
+        run_wall_s=50.0,
+        log_points_s=0.5,
+        store_writes_s=2.0,
+        report_build_s=[3.0, 2.0, 4.0],
+        help_s=[0.3, 0.4, 0.2, 0.3, 0.5],
+        evaluator_peak_rss_mb=[250.0, 260.0],
+    )
+    doc = json.loads(o.to_json(tmp_path / "o.json").read_text())
+    assert doc["log_share"] == pytest.approx(0.01) and doc["store_share"] == pytest.approx(0.04)
+    assert doc["report_build_s_median"] == 3.0 and doc["help_s_median"] == 0.3
+    assert doc["evaluator_peak_rss_mb_max"] == 260.0
+
+
+def test_printers_show_the_figures() -> None:
+    from rich.console import Console
+
+    con = Console(record=True, width=200)
+    rows = _sampling_rows()
+    add_scaling(rows)
+    print_speed_table(SpeedTable(kind="scaling", env_id="CartPole-v1", rows=rows), console=con)
+    print_e2e_table(E2ETable("cartpole-ppo", 450.0, [E2ERow("crossrl", [30.0], [6e4], ["FINISHED"])]), console=con)
+    print_overhead(Overhead(10.0, 0.1, 0.2, [1.0], [0.3], [200.0]), console=con)
+    text = con.export_text()
+    assert "110,000" in text and "0.55" in text  # raw median; crossrl/raw at 1 worker
+    assert "1.00%" in text and "200 MiB" in text
+
+
+def test_e2e_table_from_runner_results() -> None:
+    from crossrl.adapters.bench.commands import e2e_table
+    from crossrl.adapters.runner import RunOutcome, TrialResult
+    from crossrl.core import metrics as M
+    from crossrl.scenarios.loader import load
+
+    spec, _ = load("cartpole-ppo", overrides={"engines": ["crossrl", "rllib"], "seeds": [0, 1]})
+    wall = {("crossrl", 0): 40.0, ("crossrl", 1): 60.0, ("rllib", 0): 200.0}  # rllib seed 1 never reached 450
+    results = [
+        TrialResult(
+            trial=t,
+            run_id=t.name,
+            status="FINISHED",
+            summary={M.WALL_S_TO_TARGET: wall.get((t.engine, t.seed)), M.STEPS_TO_TARGET: 5e4},
+        )
+        for t in spec.trials()
+    ]
+    table = e2e_table(spec, RunOutcome(parent_id="p1", experiment_id="e1", results=results))
+    assert [r.engine for r in table.rows] == ["crossrl", "rllib"] and table.target == 450
+    crossrl, rllib = table.rows
+    assert crossrl.wall_s == [40.0, 60.0] and crossrl.median_wall_s == 50.0
+    assert rllib.reached == 1 and rllib.median_wall_s == 200.0
+    assert table.ratio() == pytest.approx(0.25) and table.parent_run_id == "p1"
