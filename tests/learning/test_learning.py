@@ -1,0 +1,70 @@
+"""`make learning-tests`: full learning runs through the real runner, each engine x algorithm over 3 seeds.
+
+Each case runs a built-in scenario restricted to one engine (2 workers, 3 seeds) into a persistent
+store under ``crossrl-results/learning`` and passes when the median seed reaches the target within
+the budget. Every case appends its row (engine, algorithm, seeds reaching the target, median env
+steps and wall seconds to target) to ``crossrl-results/learning/table.md``, the table in the README.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from crossrl.adapters.runner import run_scenario
+from crossrl.reports.store import ResultsStore
+from crossrl.scenarios.loader import load
+
+pytestmark = pytest.mark.learning
+
+RESULTS = Path(__file__).resolve().parents[2] / "crossrl-results" / "learning"
+
+CASES = [
+    ("cartpole-ppo", "crossrl"),
+    ("cartpole-ppo", "rllib"),
+    ("cartpole-ppo", "torchrl"),
+    ("cartpole-a2c", "crossrl"),
+    ("cartpole-a3c", "crossrl"),
+    ("cartpole-impala", "crossrl"),
+    ("cartpole-dqn", "crossrl"),
+    ("cartpole-apex", "crossrl"),
+    ("pendulum-ppo", "crossrl"),
+    ("cartpole-a2c", "torchrl"),
+    ("cartpole-a3c", "torchrl"),
+    ("cartpole-impala", "torchrl"),
+    ("cartpole-dqn", "torchrl"),
+    ("cartpole-impala", "rllib"),
+    ("cartpole-dqn", "rllib"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "engine"), CASES, ids=[f"{s}-{e}" for s, e in CASES])
+def test_reaches_target(scenario: str, engine: str) -> None:
+    spec, path = load(scenario, overrides={"engines": [engine]})
+    store = ResultsStore(None, results_dir=RESULTS)
+    outcome = run_scenario(spec, store=store, spec_path=path)
+    target = spec.target.episode_return_mean
+    assert target is not None
+    steps = [r.summary.get("steps_to_target") for r in outcome.results]
+    walls = [r.summary.get("wall_s_to_target") for r in outcome.results]
+    reached = [s for s in steps if s is not None]
+    med_steps = statistics.median([s if s is not None else math.inf for s in steps])
+    med_wall = statistics.median([w if w is not None else math.inf for w in walls])
+    row = (
+        f"| {engine} | {spec.algorithm.name} | {spec.env.id} | {target:g} | {spec.budget.env_steps:,} "
+        f"| {len(reached)}/{len(steps)} | {_fmt(med_steps, ',.0f')} | {_fmt(med_wall, '.0f')} "
+        f"| {', '.join(r.status for r in outcome.results)} | {time.strftime('%Y-%m-%d')} |\n"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS / "table.md", "a") as f:
+        f.write(row)
+    print(row)
+    assert med_steps <= spec.budget.env_steps, f"{engine} {scenario}: median seed did not reach {target}: {steps}"
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "not reached" if math.isinf(x) else format(x, spec)
