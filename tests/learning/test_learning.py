@@ -47,6 +47,8 @@ def test_reaches_target(scenario: str, engine: str) -> None:
     spec, path = load(scenario, overrides={"engines": [engine]})
     store = ResultsStore(None, results_dir=RESULTS)
     outcome = run_scenario(spec, store=store, spec_path=path)
+    if outcome.interrupted:  # the runner marks the running trial KILLED and returns: stop the session too
+        raise KeyboardInterrupt
     target = spec.target.episode_return_mean
     assert target is not None
     steps = [r.summary.get("steps_to_target") for r in outcome.results]
