@@ -95,7 +95,7 @@ def test_dqn_sync_replay_reports_common_metrics(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_apex_async_replay_reports_common_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
-    trial = make_trial("apex", env_steps=1500, **FAST)
+    trial = make_trial("apex", env_steps=1500, replay_ratio=1.0, **FAST)
     points = check_points(run(trial, steps_per_iteration=400, monkeypatch=monkeypatch))
     # The learner never trains more than replay_ratio (1.0) x sampled transitions.
     assert all(p[M.ENV_STEPS_TRAINED] <= p[M.ENV_STEPS_SAMPLED] for p in points)
