@@ -340,12 +340,17 @@ def run_scenario(
 
 
 def _log_raw_speed(store: ResultsStore, parent_id: str, spec: ScenarioSpec, *, step: int) -> None:
-    """The raw gymnasium limit for this env and envs-per-worker, measured before (step 0) and after (step 1)
-    the trials, so throughput can be read as a ratio to it on whatever machine ran this."""
+    """This machine's raw gymnasium speed for the scenario's env and envs-per-worker, measured before (step 0)
+    and after (step 1) the trials, so throughput can be read as a ratio to it on whatever machine ran this.
+
+    The simulated ``step_latency_ms`` is left out: it is part of the scenario, not of the machine, so a
+    latency added to the env shows as a lower ratio instead of cancelling out.
+    """
     from crossrl.core.rawspeed import raw_env_steps_per_s
 
+    env = spec.env.model_copy(update={"step_latency_ms": 0.0})
     try:
-        speed = raw_env_steps_per_s(spec.env, num_envs=spec.execution.envs_per_worker, seconds=1.0)
+        speed = raw_env_steps_per_s(env, num_envs=spec.execution.envs_per_worker, seconds=1.0)
     except Exception as e:  # a user's env may fail here too; the trials will record how
         store.set_tags(parent_id, {f"raw_speed_error.{step}": f"{type(e).__name__}: {e}"})
         return

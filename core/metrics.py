@@ -63,7 +63,7 @@ SUMMARY_METRICS: Final = (STEPS_TO_TARGET, WALL_S_TO_TARGET, FINAL_RETURN_MEAN, 
 
 # Per `crossrl run` (parent run): the raw gymnasium speed of the scenario's env, random actions, one
 # process, envs_per_worker copies; logged at step 0 (before the trials) and 1 (after).
-RAW_ENV_STEPS_PER_S: Final = "raw_env_steps_per_s"  # env steps / s
+RAW_ENV_STEPS_PER_S: Final = "raw_env_steps_per_s"  # env steps / s, the env without its simulated step latency
 
 # Episodes completed at a point (the weight of its episode_return_mean in means over points).
 EPISODES_THIS_POINT: Final = "episodes_this_point"

@@ -310,7 +310,9 @@ def test_tiny_impala_cartpole() -> None:
 
 @pytest.mark.integration
 def test_tiny_dqn_cartpole() -> None:
-    trial = make_trial("dqn", env_steps=1500, hyperparams={"learning_starts": 500, "rollout_fragment": 8})
+    trial = make_trial(
+        "dqn", env_steps=1500, hyperparams={"learning_starts": 500, "rollout_fragment": 8, "replay_ratio": 1.0}
+    )
     sink = ListSink(trial)
     R.RllibAdapter().run(trial, sink)
     points = _check_run(sink, trial, max_return=500)
