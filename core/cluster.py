@@ -24,18 +24,6 @@ def connect(address: str | None, *, num_cpus: int | None = None, **kwargs: Any) 
     Returns facts to tag the trial with (GCS address, node id), so a reader can tell which cluster
     ran it.
     """
-    import sys
-    import warnings
-
-    if "ray" not in sys.modules:
-        for k, v in LOCAL_RAY_ENV.items():
-            os.environ.setdefault(k, v)
-    elif os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") != "0" and not address:
-        warnings.warn(
-            "ray was imported before crossrl.core.cluster without RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: "
-            "the local cluster may listen on every interface, not only 127.0.0.1",
-            stacklevel=2,
-        )
     import ray
 
     if not ray.is_initialized():
