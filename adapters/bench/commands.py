@@ -13,8 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +23,6 @@ from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 SAMPLING_ENGINES = ("raw", "crossrl", "rllib", "torchrl")
 Progress = Callable[[str], None]  # one line of progress text
-
-
-@contextmanager
-def _own_ray_clusters() -> Iterator[None]:
-    """Trials started meanwhile start their own local Ray (``RAY_ADDRESS=local``) instead of joining the
-    newest cluster another user started on this machine (what ``ray.init()`` does without an address)."""
-    old = os.environ.get("RAY_ADDRESS")
-    os.environ["RAY_ADDRESS"] = old or "local"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("RAY_ADDRESS", None)
 
 
 def _say(progress: Progress | None, text: str) -> None:
@@ -185,9 +171,8 @@ def bench_e2e(
                 r = payload["result"]
                 _say(progress, f"{r.trial.name}: {r.status}, wall_s_to_target={r.summary.get(M.WALL_S_TO_TARGET)}")
 
-        with _own_ray_clusters():
-            outcome = run_scenario(spec, store=st, spec_path=path, skip_unsupported=True, progress=notify,
-                                   command=f"crossrl bench e2e {scenario}")  # fmt: skip
+        outcome = run_scenario(spec, store=st, spec_path=path, skip_unsupported=True, progress=notify,
+                               command=f"crossrl bench e2e {scenario}")  # fmt: skip
     return e2e_table(spec, outcome)
 
 
@@ -296,8 +281,7 @@ def _timed_smoke_run(results_dir: Path, progress: Progress | None) -> tuple[floa
     spec, path = load("smoke", overrides={"engines": ["crossrl"], "seeds": [0], "execution.workers": [1]})
     store, spent = _timed_store(results_dir)
     t0 = time.perf_counter()
-    with _own_ray_clusters():
-        outcome = run_scenario(spec, store=store, spec_path=path, command="crossrl bench overhead")
+    outcome = run_scenario(spec, store=store, spec_path=path, command="crossrl bench overhead")
     wall = time.perf_counter() - t0
     bad = [f"{r.trial.name}: {r.status} {r.reason}" for r in outcome.results if r.status != "FINISHED"]
     if bad:

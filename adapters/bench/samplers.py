@@ -119,9 +119,8 @@ def run_child(request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                # "local": always a new cluster of our own. Without it ray.init() joins the newest
-                # cluster another user started on this machine (found via /tmp/ray), measured here.
-                env={**child_env(), "RAY_ADDRESS": "local"},
+                # a cluster of its own: core.cluster.connect starts Ray with address="local"
+                env=child_env(),
             )
             try:
                 code = proc.wait(timeout=timeout_s)
