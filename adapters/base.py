@@ -46,6 +46,7 @@ class MetricSink:
         self._episodes = 0
         self.env_steps_sampled = 0
         self.setup_s: float | None = None
+        self.target_reached = False
 
     # -- called by adapters ------------------------------------------------------------------
     def start_clock(self) -> None:
@@ -57,7 +58,9 @@ class MetricSink:
 
     @property
     def exhausted(self) -> bool:
-        """True once the env-step budget is sampled."""
+        """True once the env-step budget is sampled (or the target is reached, with ``budget.stop_at_target``)."""
+        if self.trial.budget.stop_at_target and self.target_reached:
+            return True
         return self.env_steps_sampled >= self.trial.budget.env_steps
 
     def point(
@@ -93,6 +96,9 @@ class MetricSink:
         if len(episode_returns):
             out[M.EPISODE_RETURN_MEAN] = float(sum(episode_returns) / len(episode_returns))
             out[M.EPISODES_THIS_POINT] = float(len(episode_returns))
+            target = self.trial.target_return
+            if target is not None and out[M.EPISODE_RETURN_MEAN] >= target:
+                self.target_reached = True  # the same rule as the runner's steps_to_target
         if len(episode_lengths):
             out[M.EPISODE_LEN_MEAN] = float(sum(episode_lengths) / len(episode_lengths))
         self._last_t, self._last_sampled, self._last_trained = now, env_steps_sampled, trained

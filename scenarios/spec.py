@@ -124,6 +124,10 @@ class BudgetSpec(BaseModel):
 
     env_steps: int = Field(ge=1, description="env steps sampled per trial")
     wall_seconds: float = Field(default=900.0, gt=0, description="hard wall-clock limit per trial (TIMEOUT)")
+    stop_at_target: bool = Field(
+        default=False,
+        description="end a trial at its first point whose episode_return_mean reaches target.episode_return_mean",
+    )
 
 
 class TargetSpec(BaseModel):
