@@ -4,8 +4,13 @@
 policy for ppo/a2c/a3c/impala: categorical actions for ``Discrete`` spaces, a diagonal Gaussian for
 ``Box``; each algorithm module subclasses it and supplies only :meth:`Policy.loss`.
 
-Inference (``compute_actions``) is numpy in, numpy out, under ``torch.inference_mode``; categorical
-sampling uses Gumbel-max in numpy, about twice as fast as ``torch.distributions`` on small batches.
+Inference is numpy only: actor and critic fused into one numpy MLP; categorical sampling uses
+Gumbel-max, about twice as fast as ``torch.distributions`` on small batches. An evaluator samples a
+whole fragment through :meth:`Policy.fragment_actor`: per env step one forward pass and one argmax on
+noise drawn once per fragment, the log-probabilities computed for the whole fragment afterwards.
+
+torch is imported only where a policy learns or computes gradients (the driver, A3C workers): a
+sampling-only evaluator actor keeps its weights as numpy and never pays torch's ~220 MiB of RSS.
 """
 
 from __future__ import annotations
@@ -13,18 +18,19 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import gymnasium as gym
 import numpy as np
-import torch
-from torch import nn
 
 from crossrl.core import maths
 from crossrl.core import sample_batch as sb
-from crossrl.core.models import build_mlp
 from crossrl.core.sample_batch import SampleBatch
 from crossrl.scenarios.spec import ModelSpec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -51,11 +57,14 @@ class Policy(abc.ABC):
         self.model_spec = model
         self.seed = seed
         self.rng = np.random.default_rng(seed)
-        torch.manual_seed(seed)
 
     @abc.abstractmethod
     def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Actions for a batch ``obs[B, ...]`` and extra columns (e.g. LOGP, VF_PREDS) each ``[B, ...]``."""
+
+    def fragment_actor(self, *, num_steps: int, num_envs: int) -> FragmentActor:
+        """Acting for one ``sample()`` call of ``num_steps`` x ``num_envs``; the default calls compute_actions per step."""
+        return StepwiseActor(self, num_steps)
 
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         """Runs on the worker right after sampling, on the time-major batch (GAE, n-step, priorities)."""
@@ -86,6 +95,38 @@ class Policy(abc.ABC):
 
     def set_epsilon(self, epsilon: float) -> None:
         """Exploration hook for epsilon-greedy policies; a no-op for stochastic ones."""
+
+
+class FragmentActor(Protocol):
+    """Acts for one fragment: ``actor(obs, t)`` returns step ``t``'s actions; ``columns()`` the per-step extras."""
+
+    def __call__(self, obs: np.ndarray, t: int) -> np.ndarray: ...
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """ACTIONS and the policy's extra columns, each ``[num_steps, num_envs, ...]``."""
+        ...
+
+
+class StepwiseActor:
+    """The generic fragment actor: ``compute_actions`` per step, columns stacked as they come."""
+
+    def __init__(self, policy: Policy, num_steps: int) -> None:
+        self.policy = policy
+        self.num_steps = num_steps
+        self.cols: dict[str, np.ndarray] = {}
+
+    def __call__(self, obs: np.ndarray, t: int) -> np.ndarray:
+        actions, extra = self.policy.compute_actions(obs)
+        if not self.cols:
+            for k, v in {sb.ACTIONS: actions, **extra}.items():
+                self.cols[k] = np.empty((self.num_steps, *v.shape), v.dtype)
+        self.cols[sb.ACTIONS][t] = actions
+        for k, v in extra.items():
+            self.cols[k][t] = v
+        return actions
+
+    def columns(self) -> dict[str, np.ndarray]:
+        return self.cols
 
 
 class PolicyFactory(Protocol):
@@ -150,17 +191,48 @@ class ActorCriticPolicy(Policy):
         else:
             raise TypeError(f"ActorCriticPolicy supports Discrete and Box actions, got {action_space}")
         self.act_dim = act_dim
-        self.net = nn.ModuleDict(
-            {
-                "pi": build_mlp(in_dim=self.obs_dim, out_dim=act_dim, model=model, out_gain=0.01),
-                "vf": build_mlp(in_dim=self.obs_dim, out_dim=1, model=model, out_gain=1.0),
-            }
-        )
-        if not self.discrete:
-            self.net.register_parameter("log_std", nn.Parameter(torch.zeros(act_dim)))
-        self.params = list(self.net.parameters())
+        # Weights live in the torch modules once built (self._torch), in _np_weights before that.
+        self._torch: tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer] | None = None
+        self._np_weights: dict[str, np.ndarray] | None = None
         self._np_cache: tuple[list[_NpLayer], np.ndarray | None] | None = None
-        self.optimizer = torch.optim.Adam(self.params, lr=float(self.hp.get("lr", 3e-4)), eps=1e-5)
+
+    # -- torch, built on first use -------------------------------------------------------------------
+    def _build_torch(self) -> tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer]:
+        if self._torch is None:
+            import torch
+            from torch import nn
+
+            from crossrl.core.models import build_mlp
+
+            torch.manual_seed(self.seed)
+            net = nn.ModuleDict(
+                {
+                    "pi": build_mlp(in_dim=self.obs_dim, out_dim=self.act_dim, model=self.model_spec, out_gain=0.01),
+                    "vf": build_mlp(in_dim=self.obs_dim, out_dim=1, model=self.model_spec, out_gain=1.0),
+                }
+            )
+            if not self.discrete:
+                net.register_parameter("log_std", nn.Parameter(torch.zeros(self.act_dim)))
+            if self._np_weights is not None:
+                net.load_state_dict({k: torch.as_tensor(v) for k, v in self._np_weights.items()})
+                self._np_weights = None
+            params = list(net.parameters())
+            optimizer = torch.optim.Adam(params, lr=float(self.hp.get("lr", 3e-4)), eps=1e-5)
+            self._torch = (net, params, optimizer)
+        return self._torch
+
+    @property
+    def net(self) -> nn.ModuleDict:
+        """The actor (``pi``) and critic (``vf``) torch modules (``log_std`` for Gaussian policies)."""
+        return self._build_torch()[0]
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return self._build_torch()[1]
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self._build_torch()[2]
 
     # -- acting ------------------------------------------------------------------------------------
     def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -185,6 +257,9 @@ class ActorCriticPolicy(Policy):
             logp = (-0.5 * noise**2 - log_std - 0.5 * _LOG_2PI).sum(axis=1)
         return actions, {sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values.astype(np.float32)}
 
+    def fragment_actor(self, *, num_steps: int, num_envs: int) -> FragmentActor:
+        return _ActorCriticFragment(self, num_steps, num_envs)
+
     def value(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for ``obs[B, ...]`` -> ``[B]`` (float32)."""
         fused, _ = self._numpy_net()
@@ -198,10 +273,10 @@ class ActorCriticPolicy(Policy):
         (dispatch overhead), and the fusion halves the number of calls.
         """
         if self._np_cache is None:
-            with torch.inference_mode():
-                fused = _fuse(_np_layers(self.net["pi"]), _np_layers(self.net["vf"]))
-                log_std = None if self.discrete else self.net.get_parameter("log_std").detach().numpy().copy()
-            self._np_cache = (fused, log_std)
+            w = self.get_weights()
+            act = self.model_spec.activation
+            fused = _fuse(_np_layers(w, "pi", act), _np_layers(w, "vf", act))
+            self._np_cache = (fused, None if self.discrete else w["log_std"])
         return self._np_cache
 
     # -- postprocessing ------------------------------------------------------------------------------
@@ -222,11 +297,14 @@ class ActorCriticPolicy(Policy):
         )
         batch[sb.ADVANTAGES] = adv.astype(np.float32)
         batch[sb.VALUE_TARGETS] = targets.astype(np.float32)
+        del batch[sb.NEXT_OBS]  # only the bootstrap needed it: a quarter less to ship to the learner
         return batch
 
     # -- model evaluation for losses ----------------------------------------------------------------
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(log pi(a|s), entropy, V(s)), each of ``obs``'s leading shape (works on [B] and [T, N])."""
+        import torch
+
         lead = obs.shape[: obs.dim() - len(self.observation_space.shape or ())]
         x = obs.reshape(-1, self.obs_dim)
         out = self.net["pi"](x)
@@ -246,6 +324,8 @@ class ActorCriticPolicy(Policy):
 
     # -- learning -----------------------------------------------------------------------------------
     def to_tensors(self, batch: SampleBatch) -> dict[str, torch.Tensor]:
+        import torch
+
         return {k: torch.as_tensor(v) for k, v in batch.items()}
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
@@ -272,6 +352,9 @@ class ActorCriticPolicy(Policy):
         return stats
 
     def _clip(self) -> float:
+        import torch
+        from torch import nn
+
         clip = self.hp.get("grad_clip")
         if clip:
             return float(nn.utils.clip_grad_norm_(self.params, float(clip)))
@@ -288,6 +371,8 @@ class ActorCriticPolicy(Policy):
     def apply_gradients(self, grads: list[np.ndarray]) -> None:
         if len(grads) != len(self.params):
             raise ValueError(f"apply_gradients: got {len(grads)} arrays for {len(self.params)} parameters")
+        import torch
+
         for p, g in zip(self.params, grads, strict=True):
             p.grad = torch.tensor(g, dtype=p.dtype).reshape(p.shape)
         self._clip()
@@ -295,10 +380,17 @@ class ActorCriticPolicy(Policy):
         self._np_cache = None
 
     def get_weights(self) -> dict[str, np.ndarray]:
+        if self._torch is None and self._np_weights is not None:
+            return {k: v.copy() for k, v in self._np_weights.items()}
         return {k: v.detach().numpy().copy() for k, v in self.net.state_dict().items()}
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
+        if self._torch is None:  # a sampling-only copy: keep numpy, never import torch
+            self._np_weights = {k: np.array(v, np.float32) for k, v in weights.items()}
+        else:
+            import torch
+
+            self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
         self._np_cache = None
 
 
@@ -306,18 +398,70 @@ class ActorCriticPolicy(Policy):
 _NpLayer = tuple[np.ndarray, np.ndarray] | str
 
 
-def _np_layers(seq: nn.Module) -> list[_NpLayer]:
+def _np_layers(weights: Mapping[str, np.ndarray], prefix: str, activation: str) -> list[_NpLayer]:
+    """A :func:`~crossrl.core.models.build_mlp` MLP from its state dict (``prefix.<i>.weight``, Linear at even i)."""
+    if activation not in ("tanh", "relu"):
+        raise TypeError(f"numpy inference does not know the activation {activation!r}")
     layers: list[_NpLayer] = []
-    for m in seq.children():
-        if isinstance(m, nn.Linear):
-            layers.append((m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()))
-        elif isinstance(m, nn.Tanh):
-            layers.append("tanh")
-        elif isinstance(m, nn.ReLU):
-            layers.append("relu")
-        else:
-            raise TypeError(f"numpy inference does not know {type(m).__name__}")
+    i = 0
+    while f"{prefix}.{i}.weight" in weights:
+        if i:
+            layers.append(activation)
+        layers.append((np.ascontiguousarray(weights[f"{prefix}.{i}.weight"].T), weights[f"{prefix}.{i}.bias"].copy()))
+        i += 2
+    if not layers:
+        raise KeyError(f"no {prefix}.0.weight in the weights (keys: {', '.join(weights)})")
     return layers
+
+
+class _ActorCriticFragment:
+    """One fragment of acting: per step a fused forward pass and the sampled action; extras afterwards.
+
+    Exploration noise for the whole fragment is drawn in one call (Gumbel noise for categorical
+    actions, standard normal for Gaussian ones): the same distribution as drawing it step by step.
+    """
+
+    def __init__(self, policy: ActorCriticPolicy, num_steps: int, num_envs: int) -> None:
+        self.layers, self.log_std = policy._numpy_net()
+        self.obs_dim = policy.obs_dim
+        self.discrete = policy.discrete
+        a = policy.act_dim
+        self.a = a
+        self.out = np.empty((num_steps, num_envs, a + 1), np.float32)
+        if self.discrete:
+            self.actions = np.empty((num_steps, num_envs), np.int64)
+            self.noise = -np.log(policy.rng.standard_exponential((num_steps, num_envs, a), np.float32))
+        else:
+            self.noise = policy.rng.standard_normal((num_steps, num_envs, a), np.float32)
+            assert self.log_std is not None
+            self.std = np.exp(self.log_std)
+            self.actions_f = np.empty((num_steps, num_envs, a), np.float32)
+
+    def __call__(self, obs: np.ndarray, t: int) -> np.ndarray:
+        x = obs if obs.ndim == 2 else obs.reshape(len(obs), self.obs_dim)
+        for layer in self.layers:
+            if isinstance(layer, str):
+                x = np.tanh(x) if layer == "tanh" else np.maximum(x, 0.0)
+            else:
+                x = x @ layer[0] + layer[1]
+        self.out[t] = x
+        if self.discrete:
+            actions: np.ndarray = (x[:, : self.a] + self.noise[t]).argmax(1)
+            self.actions[t] = actions
+            return actions
+        self.actions_f[t] = x[:, : self.a] + self.std * self.noise[t]
+        return self.actions_f[t]
+
+    def columns(self) -> dict[str, np.ndarray]:
+        values = self.out[..., self.a].copy()
+        if self.discrete:
+            logits = self.out[..., : self.a]
+            chosen = np.take_along_axis(logits, self.actions[..., None], -1)
+            logp = -np.log(np.exp(logits - chosen).sum(-1))  # log softmax of the chosen action, no overflow
+            return {sb.ACTIONS: self.actions, sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values}
+        assert self.log_std is not None
+        logp = (-0.5 * self.noise**2 - self.log_std - 0.5 * _LOG_2PI).sum(-1)
+        return {sb.ACTIONS: self.actions_f, sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values}
 
 
 def _fuse(a: list[_NpLayer], b: list[_NpLayer]) -> list[_NpLayer]:

@@ -60,6 +60,7 @@ class QPolicy(Policy):
             raise TypeError(f"QPolicy needs a Box observation space, got {observation_space}")
         self.obs_dim = int(np.prod(observation_space.shape))
         self.num_actions = int(action_space.n)
+        torch.manual_seed(seed)
         self.q = build_mlp(in_dim=self.obs_dim, out_dim=self.num_actions, model=model, out_gain=1.0)
         self.target = copy.deepcopy(self.q).requires_grad_(False)
         self.params = list(self.q.parameters())

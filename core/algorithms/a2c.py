@@ -5,12 +5,15 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from crossrl.core import metrics as M
 from crossrl.core import sample_batch as sb
 from crossrl.core.algorithms import AlgorithmDef
 from crossrl.core.policy import ActorCriticPolicy
+
+if TYPE_CHECKING:
+    import torch
 
 
 class A2CPolicy(ActorCriticPolicy):

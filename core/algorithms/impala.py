@@ -6,8 +6,9 @@ for the lag between the behaviour policy (LOGP recorded at sampling) and the lea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from crossrl.core import maths
 from crossrl.core import metrics as M
@@ -15,11 +16,16 @@ from crossrl.core import sample_batch as sb
 from crossrl.core.algorithms import AlgorithmDef
 from crossrl.core.policy import ActorCriticPolicy
 
+if TYPE_CHECKING:
+    import torch
+
 
 class VTracePolicy(ActorCriticPolicy):
     use_gae = False  # targets depend on the learner's policy: computed in the loss, not on the worker
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        import torch  # here, not at module level: sampling-only evaluator actors never import torch
+
         logp, entropy, values = self.evaluate(batch[sb.OBS], batch[sb.ACTIONS])  # [T, N]
         with torch.no_grad():
             boot = self.net["vf"](batch[sb.NEXT_OBS][-1].reshape(-1, self.obs_dim).float())[:, 0]

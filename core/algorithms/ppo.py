@@ -7,18 +7,23 @@ may move at most this far from the sampling-time prediction, PPO2 style), ``vf_c
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from crossrl.core import metrics as M
 from crossrl.core import sample_batch as sb
 from crossrl.core.algorithms import AlgorithmDef
 from crossrl.core.policy import ActorCriticPolicy
 
+if TYPE_CHECKING:
+    import torch
+
 
 def value_loss(
     values: torch.Tensor, targets: torch.Tensor, old_values: torch.Tensor, vf_clip: float | None
 ) -> torch.Tensor:
     """0.5 x squared error, pessimistic over the clipped prediction when ``vf_clip`` is set."""
+    import torch
+
     err = (values - targets) ** 2
     if vf_clip:
         clipped = old_values + (values - old_values).clamp(-vf_clip, vf_clip)
@@ -28,6 +33,8 @@ def value_loss(
 
 class PPOPolicy(ActorCriticPolicy):
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        import torch  # here, not at module level: sampling-only evaluator actors never import torch
+
         logp, entropy, values = self.evaluate(batch[sb.OBS], batch[sb.ACTIONS])
         adv = batch[sb.ADVANTAGES]
         if self.hp.get("normalize_advantages", True) and adv.numel() > 1:

@@ -103,10 +103,12 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
     def _launch(self, i: int) -> None:
         with self.timer(M.TIME_SYNC_WEIGHTS_S):
             version, ref = self._weights_ref()
-            if self._worker_version[i] != version:
-                self.evaluators.remotes[i].set_weights.remote(ref, version)
-                self._worker_version[i] = version
-        self._in_flight[self.evaluators.remotes[i].sample.remote(num_steps=self.fragment)] = i
+        remote = self.evaluators.remotes[i]
+        if self._worker_version[i] != version:  # new weights travel in the sample call: one actor call
+            self._in_flight[remote.sample.remote(num_steps=self.fragment, weights=ref, version=version)] = i
+            self._worker_version[i] = version
+        else:
+            self._in_flight[remote.sample.remote(num_steps=self.fragment)] = i
 
     def step(self) -> StepStats:
         if not self._started:

@@ -94,14 +94,12 @@ class SyncReplayOptimizer(PolicyOptimizer):
         eps = self.epsilon(sampled_before)
         with self.timer(M.TIME_SYNC_WEIGHTS_S):
             if self._weights_dirty and ev.remotes:
-                ev.broadcast_weights()
+                ev.broadcast_weights(with_next_sample=True)
                 self._weights_dirty = False
-            # Actor calls run in submission order: this epsilon applies to the sample below.
-            for r in ev.remotes:
-                r.set_epsilon.remote(eps)
             ev.local.set_epsilon(eps)
         with self.timer(M.TIME_SAMPLE_S):
-            batches = ev.sample(num_steps=int(self.hp["rollout_fragment"]))
+            # weights and epsilon travel in the sample call itself: one actor call per evaluator per round
+            batches = ev.sample(num_steps=int(self.hp["rollout_fragment"]), epsilon=eps)
         new = 0
         for batch in batches:
             stats.add_episodes(batch)

@@ -28,7 +28,7 @@ class SyncSamplesOptimizer(PolicyOptimizer):
     def step(self) -> StepStats:
         stats = StepStats()
         with self.timer(M.TIME_SYNC_WEIGHTS_S):
-            self.evaluators.broadcast_weights()
+            self.evaluators.broadcast_weights(with_next_sample=True)  # the ref travels in the sample call
         with self.timer(M.TIME_SAMPLE_S):
             batches = self.evaluators.sample(num_steps=self.fragment)
         for b in batches:

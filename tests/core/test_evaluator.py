@@ -44,8 +44,10 @@ def test_autoreset_rows_are_not_transitions_and_truncation_bootstraps_from_final
     assert batch.num_env_steps() == 20
     assert batch.episode_lengths == [5, 5, 5, 5] and batch.episode_returns == [5.0] * 4
     # The autoreset row holds the final obs; its value is what the truncated row bootstraps on.
-    np.testing.assert_array_equal(batch[sb.OBS][5], batch[sb.NEXT_OBS][4])
-    np.testing.assert_allclose(batch[sb.VF_PREDS][5], ev.policy.value(batch[sb.NEXT_OBS][4]), rtol=1e-6)  # type: ignore[attr-defined]
+    np.testing.assert_allclose(batch[sb.VF_PREDS][5], ev.policy.value(batch[sb.OBS][5]), rtol=1e-6)  # type: ignore[attr-defined]
+    assert sb.NEXT_OBS not in batch  # GAE was its only use: not shipped to the learner
+    raw = evaluator("CartPole-v1", algorithm="impala", max_episode_steps=5).sample(num_steps=12)  # keeps NEXT_OBS
+    np.testing.assert_array_equal(raw[sb.OBS][5], raw[sb.NEXT_OBS][4])
     # Truncated row: advantage = r + gamma * V(final obs) - V(obs); GAE stops there.
     gamma = ev.policy.hp["gamma"]
     v, vn = batch[sb.VF_PREDS][4], batch[sb.VF_PREDS][5]
@@ -131,3 +133,57 @@ def test_policy_rejects_unsupported_spaces() -> None:
             model=ModelSpec(),
             seed=0,
         )
+
+
+def test_fragment_columns_match_the_torch_policy_for_discrete_actions() -> None:
+    ev = evaluator(num_envs=3)
+    batch = ev.sample(num_steps=40)
+    logp, _, values = ev.policy.evaluate(  # type: ignore[attr-defined]
+        torch.as_tensor(batch[sb.OBS]), torch.as_tensor(batch[sb.ACTIONS])
+    )
+    np.testing.assert_allclose(logp.detach().numpy(), batch[sb.LOGP], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(values.detach().numpy(), batch[sb.VF_PREDS], rtol=1e-4, atol=1e-5)
+
+
+def test_weights_travel_with_the_sample_call_and_are_set_once_per_version() -> None:
+    ev, src = evaluator(), evaluator()
+    w = src.get_weights()
+    w["pi.0.bias"] = w["pi.0.bias"] + 1.0
+    ev.sample(num_steps=2, weights=w, version=7)
+    assert ev.weights_version == 7
+    np.testing.assert_array_equal(ev.get_weights()["pi.0.bias"], w["pi.0.bias"])
+    stale = {k: v * 0 for k, v in w.items()}
+    ev.sample(num_steps=2, weights=stale, version=7)  # same version: already set, not set again
+    np.testing.assert_array_equal(ev.get_weights()["pi.0.bias"], w["pi.0.bias"])
+    ev.sample(num_steps=2, weights=stale, version=8)
+    assert not ev.get_weights()["pi.0.bias"].any()
+
+
+SAMPLING_ONLY = """
+import sys
+import numpy as np
+from crossrl.core.algorithms import load
+from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+from crossrl.core.evaluator import PolicyEvaluator
+from crossrl.core.policy import PolicySpec
+from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+alg = load("ppo")
+spec = PolicySpec(policy_cls=alg.policy_cls, hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]), model=ModelSpec())
+ev = PolicyEvaluator(env_spec=EnvSpec(id="CartPole-v1"), num_envs=2, policy_factory=spec, seed=0, worker_index=1)
+weights = {k: np.asarray(v) for k, v in WEIGHTS.items()}
+batch = ev.sample(num_steps=50, weights=weights, version=1)
+assert batch.num_env_steps() > 0
+print("torch" in sys.modules)
+"""
+
+
+def test_a_sampling_only_evaluator_never_imports_torch() -> None:
+    """Evaluator actors that only sample keep numpy weights: torch's ~220 MiB of RSS is not paid there."""
+    import subprocess
+    import sys
+
+    weights = {k: v.tolist() for k, v in evaluator().get_weights().items()}
+    code = f"WEIGHTS = {weights!r}\n" + SAMPLING_ONLY
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr
