@@ -122,20 +122,18 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
             if self.learner.error is not None:
                 raise RuntimeError("learner thread failed") from self.learner.error
             with self.timer(M.TIME_SAMPLE_S):
-                ready, _ = ray.wait(list(self._in_flight), num_returns=1)
-            i = self._in_flight.pop(ready[0])
-            try:
-                batch: SampleBatch = ray.get(ready[0])
-            except RayActorError:
-                self.evaluators.restart(i)
-                self._worker_version[i] = -1
+                ready = self._ready()
+            for i, batch in ready:
+                if batch is None:  # its actor died: restarted, the batch is lost and never counted
+                    self.evaluators.restart(i)
+                    self._worker_version[i] = -1
+                    self._launch(i)
+                    continue
+                lags.append(self.learner.version - self._worker_version[i])
+                stats.add_episodes(batch)
+                with self.timer("time_enqueue_s"):
+                    self._enqueue(batch)
                 self._launch(i)
-                continue
-            lags.append(self.learner.version - self._worker_version[i])
-            stats.add_episodes(batch)
-            with self.timer("time_enqueue_s"):
-                self._enqueue(batch)
-            self._launch(i)
         trained, learn_s, infos = self.learner.take()
         stats.env_steps_trained = trained
         stats.values[M.TIME_LEARN_S] = learn_s
@@ -143,6 +141,29 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
             stats.values.update({k: float(np.mean([d[k] for d in infos if k in d])) for k in infos[0]})
         stats.values["policy_lag_versions"] = float(np.mean(lags)) if lags else 0.0
         return self._account(stats)
+
+    def _ready(self) -> list[tuple[int, SampleBatch | None]]:
+        """Every finished sample call (at least one; all that are done, in one ``ray.get``).
+
+        With many workers several finish while the driver handles one: taking them together saves a
+        ``ray.wait`` over all in-flight calls per batch. ``None`` for a call whose actor died.
+        """
+        refs = list(self._in_flight)
+        ready, rest = ray.wait(refs, num_returns=1)
+        if rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        indices = [self._in_flight.pop(r) for r in ready]
+        try:
+            batches: list[SampleBatch | None] = list(ray.get(ready))
+        except RayActorError:
+            batches = []
+            for r in ready:
+                try:
+                    batches.append(ray.get(r))
+                except RayActorError:
+                    batches.append(None)
+        return list(zip(indices, batches, strict=True))
 
     def _enqueue(self, batch: SampleBatch) -> None:
         """Blocks while the learner is behind (back-pressure), but not on a learner that died."""

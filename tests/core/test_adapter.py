@@ -102,6 +102,19 @@ def test_killed_evaluator_is_restarted_and_the_run_finishes() -> None:
     assert points[-1][M.ENV_STEPS_SAMPLED] >= 4000
 
 
+def test_killed_evaluator_under_async_sampling_is_restarted() -> None:
+    """IMPALA: the dead actor's in-flight sample is dropped, the actor replaced, the run finishes."""
+
+    def kill_one(iteration: int, evaluators: Any) -> None:
+        if iteration == 1:
+            ray.kill(evaluators.remotes[1], no_restart=True)
+
+    trial = make_trial("impala", env_steps=4000, train_batch=400, rollout_fragment=25)
+    points = check_common_metrics(run(trial, CrossrlAdapter(on_iteration=kill_one)), min_points=3)
+    assert points[-1][M.WORKER_RESTARTS] >= 1 and points[0][M.WORKER_RESTARTS] == 0
+    assert points[-1][M.ENV_STEPS_SAMPLED] >= 4000 and points[-1][M.ENV_STEPS_TRAINED] > 0
+
+
 @pytest.mark.parametrize(
     ("algorithm", "optimizer", "hp"),
     [
