@@ -304,6 +304,23 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 JsonOut = Annotated[Path | None, typer.Option("--json", help="also write the figures as JSON")]
+NoStore = Annotated[bool, typer.Option("--no-store", help="do not log the figures to the store")]
+
+
+def _store_bench(kind: str, result: Any, *, tracking_uri: str | None, results_dir: Path, console: Any) -> None:
+    """Log a benchmark's figures as one run of experiment ``bench-<kind>``; a store failure only warns."""
+    import sys
+
+    from crossrl.reports.store import ResultsStore
+
+    try:
+        store = ResultsStore(tracking_uri, results_dir=results_dir)
+        data = {"bench": kind, **result.to_dict()}
+        run_id = store.log_bench(kind, data=data, metrics=result.metrics(), command=" ".join(sys.argv))
+    except Exception as e:  # noqa: BLE001 - the figures are printed (and in --json) already
+        console.print(f"[yellow]warning: the figures were not logged to the store: {e}[/yellow]")
+        return
+    console.print(f"logged to {store.uri}: experiment bench-{kind}, run {run_id}")
 
 
 @bench_app.command("sampling")
@@ -314,7 +331,11 @@ def bench_sampling_cmd(
     repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 3,
     seconds: Annotated[float, typer.Option("--seconds", help="timed seconds per measurement")] = 3.0,
     engines_: Annotated[str, typer.Option("--engines")] = "raw,crossrl,rllib,torchrl",
+    fragment: Annotated[int, typer.Option("--fragment", help="env steps per env per iteration, every engine")] = 128,
     json_out: JsonOut = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    no_store: NoStore = False,
 ) -> None:
     """Env steps/s of pure sampling: raw gymnasium vector env, crossrl, RLlib, TorchRL (same MLP), interleaved."""
     from crossrl.adapters.bench.commands import bench_sampling
@@ -328,11 +349,14 @@ def bench_sampling_cmd(
         repeat=repeat,
         seconds=seconds,
         engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
+        fragment=fragment,
         progress=console.print,
     )
     print_speed_table(table, console=console)
     if json_out:
         table.to_json(json_out)
+    if not no_store:
+        _store_bench("sampling", table, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
 
 
 @bench_app.command("scaling")
@@ -342,7 +366,11 @@ def bench_scaling_cmd(
     engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib,torchrl",
     optimizers: Annotated[str, typer.Option("--optimizers")] = "sync_samples,async_samples",
     seconds: Annotated[float, typer.Option("--seconds")] = 3.0,
+    repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 1,
     json_out: JsonOut = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    no_store: NoStore = False,
 ) -> None:
     """Speedup and parallel efficiency against workers on an env whose steps cost wall time, not CPU."""
     from crossrl.adapters.bench.commands import bench_scaling
@@ -355,11 +383,14 @@ def bench_scaling_cmd(
         engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
         optimizers=tuple(o.strip() for o in optimizers.split(",") if o.strip()),
         seconds=seconds,
+        repeat=repeat,
         progress=console.print,
     )
     print_speed_table(table, console=console)
     if json_out:
         table.to_json(json_out)
+    if not no_store:
+        _store_bench("scaling", table, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
 
 
 @bench_app.command("e2e")
@@ -385,10 +416,16 @@ def bench_e2e_cmd(
     print_e2e_table(table, console=console)
     if json_out:
         table.to_json(json_out)
+    _store_bench("e2e", table, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
 
 
 @bench_app.command("overhead")
-def bench_overhead_cmd(json_out: JsonOut = None) -> None:
+def bench_overhead_cmd(
+    json_out: JsonOut = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    no_store: NoStore = False,
+) -> None:
     """crossrl's own cost: store logging share, report build time, CLI start time, RSS per worker."""
     from crossrl.adapters.bench.commands import bench_overhead
     from crossrl.adapters.bench.results import print_overhead
@@ -398,6 +435,8 @@ def bench_overhead_cmd(json_out: JsonOut = None) -> None:
     print_overhead(overhead, console=console)
     if json_out:
         overhead.to_json(json_out)
+    if not no_store:
+        _store_bench("overhead", overhead, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
 
 
 @app.command()

@@ -242,6 +242,31 @@ class ResultsStore:
         self.set_tags(run_id, {"status": status, **{f"trials.{k}": str(v) for k, v in counts.items()}})
         self.client.set_terminated(run_id, status=_MLFLOW_STATUS.get(status, "FINISHED"))
 
+    def log_bench(self, kind: str, *, data: Mapping[str, Any], metrics: Mapping[str, float], command: str = "") -> str:
+        """One run in experiment ``bench-<kind>``: the figures as metrics, the whole result as ``bench.json``.
+
+        Tagged with the package versions and the machine like a scenario's parent run, so benchmark
+        runs from different commits or machines can be told apart in the MLflow UI.
+        """
+        exp = self.experiment_id(f"bench-{kind}")
+        assert exp is not None
+        tags = {
+            "crossrl.kind": "bench",
+            "bench": kind,
+            "command": command[:5000],
+            **{f"version.{k}": v for k, v in versions().items()},
+            **{f"machine.{k}": v for k, v in machine().items()},
+        }
+        run = self.client.create_run(exp, run_name=f"bench-{kind}-{time.strftime('%Y%m%d-%H%M%S')}", tags=tags)
+        run_id = str(run.info.run_id)
+        conditions = data.get("conditions")
+        if isinstance(conditions, Mapping):
+            self._log_params(run_id, flatten(conditions, prefix="conditions."))
+        self.log_points(run_id, [(0, metrics)])
+        self.client.log_dict(run_id, dict(data), "bench.json")
+        self.client.set_terminated(run_id, status="FINISHED")
+        return run_id
+
     def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
         items = [Param(_param_key(k), v) for k, v in params.items()]
         for i in range(0, len(items), 100):

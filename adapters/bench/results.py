@@ -115,6 +115,23 @@ class SpeedTable:
     def to_dict(self) -> dict[str, Any]:
         return {"env_id": self.env_id, "conditions": self.conditions, "rows": [r.to_dict() for r in self.rows]}
 
+    def metrics(self) -> dict[str, float]:
+        """Flat figures for the store, e.g. ``crossrl.w2.steps_per_s`` (median) and ``crossrl.w2.ratio_to_raw``."""
+        out: dict[str, float] = {}
+        for r in self.rows:
+            key = f"{r.engine}.w{r.workers}"
+            figures = {
+                "steps_per_s": r.median,
+                "steps_per_s_min": r.min,
+                "steps_per_s_max": r.max,
+                "ratio_to_raw": r.ratio_to_raw,
+                "ratio_to_crossrl": r.ratio_to_crossrl,
+                "speedup": r.speedup,
+                "efficiency": r.efficiency,
+            }
+            out.update({f"{key}.{k}": float(v) for k, v in figures.items() if v is not None})
+        return out
+
     def to_json(self, path: Path) -> Path:
         return _write(path, self.kind, self.to_dict())
 
@@ -199,6 +216,14 @@ class E2ETable:
     def to_json(self, path: Path) -> Path:
         return _write(path, "e2e", self.to_dict())
 
+    def metrics(self) -> dict[str, float]:
+        out = {f"{r.engine}.seeds_reaching": float(r.reached) for r in self.rows}
+        out.update({f"{r.engine}.median_wall_s": r.median_wall_s for r in self.rows if r.median_wall_s is not None})
+        ratio = self.ratio()
+        if ratio is not None:
+            out["ratio_crossrl_to_rllib"] = ratio
+        return out
+
 
 def print_e2e_table(table: E2ETable, *, console: Any = None) -> None:
     from rich.console import Console
@@ -250,6 +275,14 @@ class Overhead:
 
     def to_json(self, path: Path) -> Path:
         return _write(path, "overhead", self.to_dict())
+
+    def metrics(self) -> dict[str, float]:
+        d = self.to_dict()
+        keys = ("run_wall_s", "log_points_s", "store_writes_s", "log_share", "store_share", "report_build_s_median")
+        out = {k: float(d[k]) for k in (*keys, "help_s_median", "evaluator_peak_rss_mb_max") if d.get(k) is not None}
+        if self.rllib_env_runner_peak_rss_mb:
+            out["rllib_env_runner_peak_rss_mb_max"] = max(self.rllib_env_runner_peak_rss_mb)
+        return out
 
 
 def print_overhead(o: Overhead, *, console: Any = None) -> None:

@@ -71,6 +71,9 @@ def test_scaling_speedup_and_efficiency_per_contestant() -> None:
     assert by["crossrl/async_samples", 4].ratio_to_crossrl == pytest.approx(2000 / 1400)
     # rllib's fewest workers are 2: its base is its own 2-worker figure.
     assert by["rllib", 4].speedup == pytest.approx(1.5) and by["rllib", 4].efficiency == pytest.approx(0.75)
+    metrics = SpeedTable(kind="scaling", env_id="CartPole-v1", rows=rows).metrics()
+    assert metrics["crossrl/sync_samples.w4.efficiency"] == pytest.approx(0.875)
+    assert metrics["rllib.w2.steps_per_s"] == 300.0 and "rllib.w2.ratio_to_raw" not in metrics  # no raw row
 
 
 def test_sampling_json_has_the_documented_fields(tmp_path: Path) -> None:

@@ -1,0 +1,38 @@
+"""`crossrl bench sampling` end to end: real processes, figures printed, JSON written, logged to the store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crossrl.reports.store import ResultsStore
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_sampling_logs_its_figures_to_the_store(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "crossrl.cli", "bench", "sampling", "--engines", "raw,crossrl", "--workers", "1"]
+    cmd += ["--envs-per-worker", "2", "--repeat", "1", "--seconds", "0.5", "--fragment", "32"]
+    cmd += ["--json", str(out), "--results-dir", str(results)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "experiment bench-sampling" in proc.stdout
+    data = json.loads(out.read_text())
+    crossrl_row = next(r for r in data["rows"] if r["engine"] == "crossrl")
+    assert data["conditions"]["fragment"] == 32
+
+    store = ResultsStore(None, results_dir=results)
+    exp = store.client.get_experiment_by_name("bench-sampling")
+    assert exp is not None
+    [run] = store.client.search_runs([exp.experiment_id])
+    assert run.data.tags["crossrl.kind"] == "bench" and run.data.params["conditions.fragment"] == "32"
+    metrics = run.data.metrics
+    assert metrics["crossrl.w1.steps_per_s"] == pytest.approx(crossrl_row["steps_per_s"]["median"])
+    assert metrics["crossrl.w1.ratio_to_raw"] == pytest.approx(crossrl_row["ratio_to_raw"])
+    assert metrics["raw.w1.ratio_to_raw"] == pytest.approx(1.0)
