@@ -404,13 +404,15 @@ def _np_layers(weights: Mapping[str, np.ndarray], prefix: str, activation: str) 
         raise TypeError(f"numpy inference does not know the activation {activation!r}")
     layers: list[_NpLayer] = []
     i = 0
-    while f"{prefix}.{i}.weight" in weights:
+    key = prefix if not prefix or prefix.endswith(".") else prefix + "."
+    while f"{key}{i}.weight" in weights:
         if i:
             layers.append(activation)
-        layers.append((np.ascontiguousarray(weights[f"{prefix}.{i}.weight"].T), weights[f"{prefix}.{i}.bias"].copy()))
+        w, b = weights[f"{key}{i}.weight"], weights[f"{key}{i}.bias"]
+        layers.append((np.ascontiguousarray(w.T, np.float32), np.asarray(b, np.float32).copy()))
         i += 2
     if not layers:
-        raise KeyError(f"no {prefix}.0.weight in the weights (keys: {', '.join(weights)})")
+        raise KeyError(f"no {key}0.weight in the weights (keys: {', '.join(weights)})")
     return layers
 
 

@@ -26,7 +26,7 @@ from crossrl.core import maths
 from crossrl.core import metrics as M
 from crossrl.core import sample_batch as sb
 from crossrl.core.models import build_mlp
-from crossrl.core.policy import Policy
+from crossrl.core.policy import Policy, _np_forward, _np_layers, _NpLayer
 from crossrl.core.sample_batch import SampleBatch
 from crossrl.scenarios.spec import ModelSpec
 
@@ -71,6 +71,8 @@ class QPolicy(Policy):
         self.n_step = int(self.hp.get("n_step", 1))
         self.double_q = bool(self.hp.get("double_q", True))
         self.epsilon = float(self.hp.get("epsilon_initial", 1.0))
+        self._np_q: list[_NpLayer] | None = None  # numpy copies for acting and priorities, dropped on change
+        self._np_target: list[_NpLayer] | None = None
 
     # -- acting ------------------------------------------------------------------------------------
     def set_epsilon(self, epsilon: float) -> None:
@@ -79,11 +81,18 @@ class QPolicy(Policy):
             raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
         self.epsilon = float(epsilon)
 
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        """Q(obs, .) for ``obs[B, ...]`` -> ``[B, num_actions]`` (float32)."""
-        with torch.inference_mode():
-            x = torch.as_tensor(obs, dtype=torch.float32).reshape(len(obs), self.obs_dim)
-            return self.q(x).numpy()
+    def q_values(self, obs: np.ndarray, *, target: bool = False) -> np.ndarray:
+        """Q(obs, .) for ``obs[B, ...]`` -> ``[B, num_actions]`` (float32), in numpy (no torch dispatch per step)."""
+        if self._np_q is None or self._np_target is None:
+            weights = self.get_weights()
+            act = self.model_spec.activation
+            self._np_q = _np_layers(weights, "", act)
+            self._np_target = _np_layers(weights, _TARGET_PREFIX, act)
+        layers = self._np_target if target else self._np_q
+        return _np_forward(layers, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))
+
+    def _weights_changed(self) -> None:
+        self._np_q = self._np_target = None
 
     def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Greedy actions, each replaced by a uniform one with probability ``epsilon`` when exploring."""
@@ -125,11 +134,22 @@ class QPolicy(Policy):
         if valid is not None:
             out[sb.VALID] = valid
         if self.hp.get("prioritized_replay"):
-            flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in out.items() if k in REPLAY_COLUMNS}
-            with torch.inference_mode():
-                td = self._td_error({k: torch.as_tensor(v) for k, v in flat.items()})
-            out[sb.PRIORITIES] = np.abs(td.numpy()).reshape(returns.shape).astype(np.float32)
+            out[sb.PRIORITIES] = np.abs(self._np_td_error(out)).reshape(returns.shape).astype(np.float32)
         return out
+
+    def _np_td_error(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
+        """:meth:`_td_error` in numpy (the workers' initial Ape-X priorities), flat over the batch's rows."""
+        obs = batch[sb.OBS].reshape(-1, self.obs_dim)
+        next_obs = batch[sb.N_STEP_NEXT_OBS].reshape(-1, self.obs_dim)
+        actions = batch[sb.ACTIONS].reshape(-1)
+        rows = np.arange(len(actions))
+        q = self.q_values(obs)[rows, actions]
+        q_next_target = self.q_values(next_obs, target=True)
+        best = (self.q_values(next_obs) if self.double_q else q_next_target).argmax(axis=1)
+        target = (
+            batch[sb.N_STEP_RETURNS].reshape(-1) + batch[sb.N_STEP_DISCOUNTS].reshape(-1) * q_next_target[rows, best]
+        )
+        return q - target
 
     # -- loss --------------------------------------------------------------------------------------
     def _td_error(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -181,6 +201,7 @@ class QPolicy(Policy):
         loss.backward()
         stats["grad_norm"] = self._clip()
         self.optimizer.step()
+        self._weights_changed()
         return stats, np.abs(td.numpy())
 
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
@@ -206,10 +227,12 @@ class QPolicy(Policy):
             p.grad = torch.as_tensor(g).reshape(p.shape).clone()
         self._clip()
         self.optimizer.step()
+        self._weights_changed()
 
     def update_target(self) -> None:
         """Copy the online network into the target network."""
         self.target.load_state_dict(self.q.state_dict())
+        self._weights_changed()
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Online and target networks (workers need both for their initial priorities)."""
@@ -227,6 +250,7 @@ class QPolicy(Policy):
         self.q.load_state_dict(online)
         # Weights from an older copy may lack the target: then the online net stands in for it.
         self.target.load_state_dict(target or online)
+        self._weights_changed()
 
 
 def linear_epsilon(*, env_steps: int, initial: float, final: float, timesteps: int) -> float:

@@ -187,3 +187,25 @@ def test_sync_replay_local_counts_and_learns_without_ray() -> None:
     assert any(not np.allclose(before[k], after[k]) for k in before)
     # The target network was synced at least once: equal to the online net at that time, not the initial one.
     assert not np.allclose(before["target.0.weight"], after["target.0.weight"])
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_numpy_td_error_for_worker_priorities_matches_the_torch_loss(double_q: bool) -> None:
+    policy = make_policy(double_q=double_q)
+    with torch.no_grad():
+        for p in policy.target.parameters():
+            p.mul_(-0.5)  # a target that differs from the online net
+    policy._weights_changed()
+    rng = np.random.default_rng(0)
+    batch = {
+        sb.OBS: rng.normal(size=(16, 2)).astype(np.float32),
+        sb.ACTIONS: rng.integers(0, 2, 16),
+        sb.N_STEP_RETURNS: rng.normal(size=16).astype(np.float32),
+        sb.N_STEP_DISCOUNTS: rng.uniform(0, 1, 16).astype(np.float32),
+        sb.N_STEP_NEXT_OBS: rng.normal(size=(16, 2)).astype(np.float32),
+    }
+    expected = policy._td_error({k: torch.as_tensor(v) for k, v in batch.items()}).detach().numpy()
+    np.testing.assert_allclose(policy._np_td_error(batch), expected, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        q = policy.q(torch.as_tensor(batch[sb.OBS])).numpy()
+    np.testing.assert_allclose(policy.q_values(batch[sb.OBS]), q, rtol=1e-5, atol=1e-6)
