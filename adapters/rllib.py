@@ -319,6 +319,27 @@ def _first(stats: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
     return None
 
 
+def _episode_pairs(items: Any) -> list[tuple[float, int]]:
+    """(return, length) pairs from the ``crossrl_episodes`` item series.
+
+    RLlib merges the env runners' series by chaining them; once in a 150k-step DQN run (seed 1 of
+    cartpole-dqn, measured) pairs arrived flattened into consecutive scalars, so both shapes are read.
+    """
+    if not isinstance(items, list | tuple):
+        return []
+    out: list[tuple[float, int]] = []
+    pending: list[float] = []
+    for item in items:
+        if isinstance(item, list | tuple) and len(item) == 2:
+            out.append((float(item[0]), int(item[1])))
+        elif isinstance(item, int | float) or hasattr(item, "__float__"):
+            pending.append(float(item))
+            if len(pending) == 2:
+                out.append((pending[0], int(pending[1])))
+                pending = []
+    return out
+
+
 def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 1) -> dict[str, Any]:
     """One ``train()`` result -> the keyword arguments of :meth:`MetricSink.point`.
 
@@ -335,8 +356,7 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     if algorithm != "ppo":
         rows = _num(_get(result, "learners", "default_policy", "num_module_steps_trained_lifetime"))
         trained = rows / max(epochs, 1) if rows is not None else None
-    items = _get(result, "env_runners", _ITEM_KEY)
-    episodes = list(items) if isinstance(items, list | tuple) else []
+    episodes = _episode_pairs(_get(result, "env_runners", _ITEM_KEY))
     policy = _get(result, "learners", "default_policy") or {}
     values: dict[str, float | None] = {
         M.POLICY_LOSS: _first(policy, LOSS_KEYS[M.POLICY_LOSS]),

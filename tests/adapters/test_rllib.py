@@ -258,6 +258,14 @@ def test_result_to_point_reads_raw_episodes_and_losses() -> None:
     assert ppo["env_steps_sampled"] == 7 and ppo["env_steps_trained"] is None and ppo["episode_returns"] == []
 
 
+def test_episode_pairs_flattened_by_rllibs_merge_are_still_read() -> None:
+    """Seen once in a 150k-step DQN run: the (return, length) tuples arrived as consecutive scalars."""
+    items = [(10.0, 10), 22.0, 22, (5.0, 5), 7.0, 7]
+    result = {"num_env_steps_sampled_lifetime": 7, "env_runners": {R._ITEM_KEY: items}}
+    point = R.result_to_point(result, algorithm="dqn")
+    assert point["episode_returns"] == [10.0, 22.0, 5.0, 7.0] and point["episode_lengths"] == [10, 22, 5, 7]
+
+
 # -- tiny real runs ------------------------------------------------------------------------------
 
 
