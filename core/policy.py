@@ -424,7 +424,15 @@ class _ActorCriticFragment:
     """
 
     def __init__(self, policy: ActorCriticPolicy, num_steps: int, num_envs: int) -> None:
-        self.layers, self.log_std = policy._numpy_net()
+        layers, self.log_std = policy._numpy_net()
+        linears = [layer for layer in layers if not isinstance(layer, str)]
+        acts = [layer for layer in layers if isinstance(layer, str)]
+        # Preallocated per-layer outputs: every numpy call writes in place (no temporaries per env step).
+        self.hidden = [
+            (w, b, np.tanh if act == "tanh" else _relu_, np.empty((num_envs, w.shape[1]), np.float32))
+            for (w, b), act in zip(linears[:-1], acts, strict=True)
+        ]
+        self.last_w, self.last_b = linears[-1]
         self.obs_dim = policy.obs_dim
         self.discrete = policy.discrete
         a = policy.act_dim
@@ -441,12 +449,17 @@ class _ActorCriticFragment:
 
     def __call__(self, obs: np.ndarray, t: int) -> np.ndarray:
         x = obs if obs.ndim == 2 else obs.reshape(len(obs), self.obs_dim)
-        for layer in self.layers:
-            if isinstance(layer, str):
-                x = np.tanh(x) if layer == "tanh" else np.maximum(x, 0.0)
-            else:
-                x = x @ layer[0] + layer[1]
-        self.out[t] = x
+        if x.dtype != np.float32:
+            x = x.astype(np.float32)
+        for w, b, act, buf in self.hidden:
+            np.matmul(x, w, out=buf)
+            buf += b
+            act(buf, out=buf)
+            x = buf
+        out = self.out[t]
+        np.matmul(x, self.last_w, out=out)
+        out += self.last_b
+        x = out
         if self.discrete:
             actions: np.ndarray = (x[:, : self.a] + self.noise[t]).argmax(1)
             self.actions[t] = actions
@@ -492,6 +505,10 @@ def _np_forward(layers: list[_NpLayer], x: np.ndarray) -> np.ndarray:
         else:
             x = x @ layer[0] + layer[1]
     return x
+
+
+def _relu_(x: np.ndarray, *, out: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0, out=out)
 
 
 def next_values_from(batch: SampleBatch, bootstrap: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 
 def evaluator(
-    env_id: str = "CartPole-v1", num_envs: int = 2, algorithm: str = "ppo", **kwargs: object
+    env_id: str = "CartPole-v1", num_envs: int = 2, algorithm: str = "ppo", activation: str = "tanh", **kwargs: object
 ) -> PolicyEvaluator:
     alg = load(algorithm)
     return PolicyEvaluator(
@@ -26,7 +26,7 @@ def evaluator(
         policy_factory=PolicySpec(
             policy_cls=alg.policy_cls,
             hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS[algorithm]),
-            model=ModelSpec(hidden=(16, 16)),
+            model=ModelSpec(hidden=(16, 16), activation=activation),  # type: ignore[arg-type]
         ),
         seed=3,
         worker_index=0,
@@ -135,8 +135,9 @@ def test_policy_rejects_unsupported_spaces() -> None:
         )
 
 
-def test_fragment_columns_match_the_torch_policy_for_discrete_actions() -> None:
-    ev = evaluator(num_envs=3)
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_fragment_columns_match_the_torch_policy_for_discrete_actions(activation: str) -> None:
+    ev = evaluator(num_envs=3, activation=activation)
     batch = ev.sample(num_steps=40)
     logp, _, values = ev.policy.evaluate(  # type: ignore[attr-defined]
         torch.as_tensor(batch[sb.OBS]), torch.as_tensor(batch[sb.ACTIONS])
