@@ -30,7 +30,10 @@ ResultsDir = Annotated[Path, typer.Option("--results-dir", help="folder of the e
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False)
+    import sys
+
+    # Piped or captured output (CI logs, `| tee`) gets a width that fits the bench and summary tables.
+    return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
 
 
 def _fail(problems: list[str], code: int = 2) -> None:
