@@ -28,9 +28,9 @@ ResultsDir = Annotated[Path, typer.Option("--results-dir", help="folder of the e
 
 
 def _console() -> Any:
-    from rich.console import Console
-
     import sys
+
+    from rich.console import Console
 
     # Piped or captured output (CI logs, `| tee`) gets a width that fits the bench and summary tables.
     return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
@@ -302,6 +302,16 @@ def baseline_update(
     typer.echo(f"baseline written: {out} ({len(data['entries'])} entries, fingerprint {data['fingerprint']})")
 
 
+def _positive_int(text: str, flag: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        _fail([f"{flag}: {text!r} is not a positive whole number (or auto)"])
+    return value
+
+
 bench_app = typer.Typer(
     help="Benchmarks, measured side by side in one run (ratios, not absolute speeds).", no_args_is_help=True
 )
@@ -334,7 +344,12 @@ def bench_sampling_cmd(
     repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 3,
     seconds: Annotated[float, typer.Option("--seconds", help="timed seconds per measurement")] = 3.0,
     engines_: Annotated[str, typer.Option("--engines")] = "raw,crossrl,rllib,torchrl",
-    fragment: Annotated[int, typer.Option("--fragment", help="env steps per env per iteration, every engine")] = 128,
+    fragment: Annotated[
+        str,
+        typer.Option(
+            "--fragment", help="env steps per env per iteration, every engine; auto: ceil(4000 / (workers x envs))"
+        ),
+    ] = "auto",
     json_out: JsonOut = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
@@ -352,7 +367,7 @@ def bench_sampling_cmd(
         repeat=repeat,
         seconds=seconds,
         engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
-        fragment=fragment,
+        fragment=None if fragment == "auto" else _positive_int(fragment, "--fragment"),
         progress=console.print,
     )
     print_speed_table(table, console=console)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from crossrl.adapters.bench.results import E2ERow, E2ETable, Overhead, SpeedTable, add_scaling, speed_rows
-from crossrl.adapters.bench.samplers import DEFAULT_FRAGMENT, DEFAULT_MODEL, SamplerResult, measure
+from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, measure
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 SAMPLING_ENGINES = ("raw", "crossrl", "rllib", "torchrl")
@@ -39,7 +39,7 @@ def _interleaved(
     repeat: int,
     seconds: float,
     warmup_s: float,
-    fragment: int,
+    fragment: int | None,
     model: ModelSpec,
     progress: Progress | None,
 ) -> list[SamplerResult]:
@@ -58,12 +58,22 @@ def _interleaved(
                     model=model,
                     seconds=seconds,
                     warmup_s=warmup_s,
-                    fragment=fragment,
+                    fragment=fragment or auto_fragment(w, envs_per_worker),
                     optimizer=optimizer,
                 )
                 out.append(res)
                 _say(progress, f"round {r + 1}/{repeat}: {res.label} w{w}: {res.steps_per_s[0]:,.0f} steps/s")
     return out
+
+
+AUTO_TRAIN_BATCH = 4000  # PPO's train batch in the catalog: what "auto" fragments add up to per iteration
+
+
+def auto_fragment(workers: int, envs_per_worker: int) -> int:
+    """``ceil(4000 / (workers x envs))``: the fragment PPO samples with by default on every engine (crossrl's
+    sync_samples, RLlib's ``rollout_fragment_length="auto"``, TorchRL's frames_per_batch split), so the
+    bench times the sampling that a real PPO run does: 500 env steps per env at 1 x 8, 250 at 2 x 8."""
+    return -(-AUTO_TRAIN_BATCH // (workers * envs_per_worker))
 
 
 def bench_sampling(
@@ -75,14 +85,15 @@ def bench_sampling(
     seconds: float = 3.0,
     engines: Sequence[str] = SAMPLING_ENGINES,
     warmup_s: float = 1.0,
-    fragment: int = DEFAULT_FRAGMENT,
+    fragment: int | None = None,
     model: ModelSpec = DEFAULT_MODEL,
     progress: Progress | None = None,
 ) -> SpeedTable:
     """Pure-sampling env steps/s of each engine at each worker count, interleaved over ``repeat`` rounds.
 
     ``seconds``: timed wall seconds per measurement (after ``warmup_s`` s of warm-up in the same
-    process). ``fragment``: env steps per env per iteration (one weight broadcast per iteration).
+    process). ``fragment``: env steps per env per iteration (one weight broadcast per iteration), the
+    same for every engine; None: :func:`auto_fragment` per worker count.
     Include "raw" and "crossrl" in ``engines`` to get the ratios to them.
     """
     unknown = [e for e in engines if e not in SAMPLING_ENGINES]
@@ -97,7 +108,11 @@ def bench_sampling(
     # sync_samples is crossrl's default sampler here: label it plainly "crossrl".
     for r in results:
         r.optimizer = None
-    cond = {"seconds": seconds, "warmup_s": warmup_s, "repeat": repeat, "fragment": fragment,
+    frag: Any = fragment or {
+        "auto": f"ceil({AUTO_TRAIN_BATCH} / (workers x envs_per_worker))",
+        **{f"w{w}": auto_fragment(w, envs_per_worker) for w in workers},
+    }
+    cond = {"seconds": seconds, "warmup_s": warmup_s, "repeat": repeat, "fragment": frag,
             "model": model.model_dump(mode="json"), "crossrl_optimizer": "sync_samples"}  # fmt: skip
     return SpeedTable(kind="sampling", env_id=env_id, rows=speed_rows(results), conditions=cond)
 

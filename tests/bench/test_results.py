@@ -157,3 +157,9 @@ def test_e2e_table_from_runner_results() -> None:
     assert crossrl.wall_s == [40.0, 60.0] and crossrl.median_wall_s == 50.0
     assert rllib.reached == 1 and rllib.median_wall_s == 200.0
     assert table.ratio() == pytest.approx(0.25) and table.parent_run_id == "p1"
+
+
+def test_auto_fragment_is_what_ppo_samples_with() -> None:
+    from crossrl.adapters.bench.commands import auto_fragment
+
+    assert auto_fragment(1, 8) == 500 and auto_fragment(2, 8) == 250 and auto_fragment(3, 8) == 167
