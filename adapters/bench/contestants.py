@@ -45,16 +45,26 @@ def peak_rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
-def time_windows(step: Callable[[], int], *, warmup_s: float, seconds: float, windows: int) -> list[float]:
+def time_windows(
+    step: Callable[[], int],
+    *,
+    warmup_s: float,
+    seconds: float,
+    windows: int,
+    on_timed_start: Callable[[], None] | None = None,
+) -> list[float]:
     """Env steps/s over ``windows`` consecutive windows of at least ``seconds`` each, after ``warmup_s``.
 
     A window ends at the first iteration boundary after ``seconds`` of wall time (at least one
     iteration), so a slow engine is timed over whole iterations, never a partial one.
+    ``on_timed_start`` is called once, after the warm-up, right before the first window.
     """
     t0 = time.perf_counter()
     step()
     while time.perf_counter() - t0 < warmup_s:
         step()
+    if on_timed_start is not None:
+        on_timed_start()
     out = []
     for _ in range(windows):
         n, t0 = 0, time.perf_counter()
@@ -228,17 +238,75 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     contestant = setups[engine](**kwargs)
     setup_s = time.perf_counter() - t0
+    meter = CpuMeter(contestant.worker_pids())
     try:
         samples = time_windows(
             contestant.step,
             warmup_s=float(request["warmup_s"]),
             seconds=float(request["seconds"]),
             windows=int(request.get("windows", 1)),
+            on_timed_start=meter.start,
         )
+        cpu = meter.stop()
         rss = [peak_rss_mb(pid) for pid in contestant.worker_pids()] if request.get("rss") else None
     finally:
         contestant.close()
-    return {"samples": samples, "info": {**contestant.info, "setup_s": setup_s}, "peak_rss_mb": rss}
+    info = {**contestant.info, "setup_s": setup_s}
+    return {"samples": samples, "info": info, "peak_rss_mb": rss, "cpu": cpu}
+
+
+class CpuMeter:
+    """CPUs in use over the timed part: the whole machine, the env-stepping processes, the driver.
+
+    Figures are CPU-seconds per wall second (2.0 = both cores of this machine busy). They tell a
+    CPU-bound measurement (machine near its core count) from one that waits on something else.
+    """
+
+    def __init__(self, worker_pids: list[int]) -> None:
+        import psutil
+
+        self._procs = []
+        for pid in worker_pids:
+            try:
+                self._procs.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
+        self._procs.append(psutil.Process())
+        self._t0 = 0.0
+        self._snap: tuple[float, list[float]] = (0.0, [])
+
+    @staticmethod
+    def _busy() -> float:
+        import psutil
+
+        c = psutil.cpu_times()
+        return float(c.user + c.nice + c.system + getattr(c, "irq", 0.0) + getattr(c, "softirq", 0.0))
+
+    def _proc_cpu(self) -> list[float]:
+        out = []
+        for p in self._procs:
+            try:
+                t = p.cpu_times()
+                out.append(float(t.user + t.system))
+            except Exception:  # noqa: BLE001 - a process that ended counts nothing more
+                out.append(float("nan"))
+        return out
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self._snap = (self._busy(), self._proc_cpu())
+
+    def stop(self) -> dict[str, float] | None:
+        if not self._t0:
+            return None
+        dt = max(time.perf_counter() - self._t0, 1e-9)
+        busy0, procs0 = self._snap
+        procs1 = self._proc_cpu()
+        deltas = [b - a for a, b in zip(procs0, procs1, strict=True)]
+        out = {"machine_busy_cpus": (self._busy() - busy0) / dt, "driver_cpus": deltas[-1] / dt}
+        if len(deltas) > 1:  # contestants that name their env-stepping processes
+            out["workers_cpus"] = sum(d for d in deltas[:-1] if d == d) / dt
+        return out
 
 
 def main(argv: list[str]) -> int:

@@ -39,6 +39,7 @@ class SpeedRow:
     ratio_to_crossrl: float | None = None  # median / crossrl's median at the same size, same run
     speedup: float | None = None  # scaling: median / this contestant's median at the fewest workers
     efficiency: float | None = None  # scaling: speedup / (workers / fewest workers)
+    cpus: dict[str, float] = field(default_factory=dict)  # median CPUs in use while timed (CpuMeter)
 
     @property
     def median(self) -> float:
@@ -64,6 +65,8 @@ class SpeedRow:
         }
         if self.speedup is not None:
             out |= {"speedup": self.speedup, "efficiency": self.efficiency}
+        if self.cpus:
+            out["cpus"] = self.cpus
         return out
 
 
@@ -74,9 +77,23 @@ def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossr
     None when its reference was not measured.
     """
     grouped: dict[tuple[str, int, int], list[float]] = {}
+    cpus: dict[tuple[str, int, int], dict[str, list[float]]] = {}
     for r in results:
-        grouped.setdefault((r.label, r.workers, r.envs_per_worker), []).extend(r.steps_per_s)
-    rows = [SpeedRow(engine=k[0], workers=k[1], envs_per_worker=k[2], samples=v) for k, v in grouped.items() if v]
+        key = (r.label, r.workers, r.envs_per_worker)
+        grouped.setdefault(key, []).extend(r.steps_per_s)
+        for name, value in (r.cpu or {}).items():
+            cpus.setdefault(key, {}).setdefault(name, []).append(value)
+    rows = [
+        SpeedRow(
+            engine=k[0],
+            workers=k[1],
+            envs_per_worker=k[2],
+            samples=v,
+            cpus={name: float(statistics.median(xs)) for name, xs in cpus.get(k, {}).items()},
+        )
+        for k, v in grouped.items()
+        if v
+    ]
     ref = {(row.engine, row.workers, row.envs_per_worker): row.median for row in rows}
     for row in rows:
         size = (row.workers, row.envs_per_worker)
@@ -128,6 +145,7 @@ class SpeedTable:
                 "ratio_to_crossrl": r.ratio_to_crossrl,
                 "speedup": r.speedup,
                 "efficiency": r.efficiency,
+                **r.cpus,
             }
             out.update({f"{key}.{k}": float(v) for k, v in figures.items() if v is not None})
         return out
@@ -152,6 +170,7 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
     if scaling:
         t.add_column("speedup", justify="right")
         t.add_column("efficiency", justify="right")
+    t.add_column("CPUs busy: machine / workers", justify="right")
     for r in sorted(table.rows, key=lambda r: (r.workers, r.engine)):
         cells = [
             r.engine,
@@ -164,6 +183,7 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
         ]
         if scaling:
             cells += [_fmt(r.speedup, ".2f"), _fmt(None if r.efficiency is None else 100 * r.efficiency, ".0f") + "%"]
+        cells.append(f"{_fmt(r.cpus.get('machine_busy_cpus'), '.2f')} / {_fmt(r.cpus.get('workers_cpus'), '.2f')}")
         t.add_row(*cells)
     (console or Console()).print(t)
 

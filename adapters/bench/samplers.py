@@ -42,6 +42,7 @@ class SamplerResult:
     optimizer: str | None = None  # crossrl only: the policy optimizer whose sampling was timed
     info: dict[str, Any] = field(default_factory=dict)
     peak_rss_mb: list[float] | None = None  # per env-stepping process (MiB), when asked for
+    cpu: dict[str, float] | None = None  # CPUs in use while timed: machine_busy_cpus, workers_cpus, driver_cpus
 
     @property
     def label(self) -> str:
@@ -103,6 +104,7 @@ def measure(
         optimizer=optimizer if engine == "crossrl" else None,
         info=result.get("info", {}),
         peak_rss_mb=result.get("peak_rss_mb"),
+        cpu=result.get("cpu"),
     )
 
 

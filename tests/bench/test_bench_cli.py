@@ -26,6 +26,9 @@ def test_bench_sampling_logs_its_figures_to_the_store(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     crossrl_row = next(r for r in data["rows"] if r["engine"] == "crossrl")
     assert data["conditions"]["fragment"] == 32
+    # CPUs in use while timed: the env-stepping actor keeps most of a core busy, the machine at least that
+    cpus = crossrl_row["cpus"]
+    assert 0.2 < cpus["workers_cpus"] <= cpus["machine_busy_cpus"] + 0.05 and cpus["driver_cpus"] >= 0
 
     store = ResultsStore(None, results_dir=results)
     exp = store.client.get_experiment_by_name("bench-sampling")
@@ -36,3 +39,4 @@ def test_bench_sampling_logs_its_figures_to_the_store(tmp_path: Path) -> None:
     assert metrics["crossrl.w1.steps_per_s"] == pytest.approx(crossrl_row["steps_per_s"]["median"])
     assert metrics["crossrl.w1.ratio_to_raw"] == pytest.approx(crossrl_row["ratio_to_raw"])
     assert metrics["raw.w1.ratio_to_raw"] == pytest.approx(1.0)
+    assert metrics["crossrl.w1.workers_cpus"] == pytest.approx(cpus["workers_cpus"])
