@@ -2,38 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import ray
+from crossrl_trials import make_trial
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.crossrl import CrossrlAdapter
-from crossrl.core import cluster
 from crossrl.core import metrics as M
-from crossrl.scenarios.spec import ScenarioSpec, Trial
+from crossrl.scenarios.spec import Trial
 
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster() -> Iterator[None]:
-    cluster.connect(None, num_cpus=2)
-    yield
-    ray.shutdown()
-
-
-def make_trial(algorithm: str, *, env_steps: int, optimizer: str | None = None, **hp: Any) -> Trial:
-    spec = ScenarioSpec.model_validate(
-        {
-            "name": f"test-{algorithm}",
-            "env": {"id": "CartPole-v1"},
-            "algorithm": {"name": algorithm, "hyperparams": hp, "model": {"hidden": [32, 32]}},
-            "engines": ["crossrl"],
-            "execution": {"workers": 2, "envs_per_worker": 4, "optimizer": optimizer},
-            "budget": {"env_steps": env_steps},
-        }
-    )
-    return spec.trials()[0]
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def run(trial: Trial, adapter: CrossrlAdapter | None = None) -> ListSink:

@@ -6,44 +6,29 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import time
-from collections.abc import Iterator
 from typing import Any
 
+import crossrl_trials
 import pytest
 import ray
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.crossrl import CrossrlAdapter
-from crossrl.core import cluster
 from crossrl.core import metrics as M
 from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.optimizers.async_replay import AsyncReplayOptimizer
 from crossrl.core.policy import PolicySpec
 from crossrl.core.q_policy import QPolicy
-from crossrl.scenarios.spec import ScenarioSpec, Trial
+from crossrl.scenarios.spec import Trial
 
 FAST = {"learning_starts": 200, "target_update": 200, "buffer_size": 5000}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster() -> Iterator[None]:
-    cluster.connect(None, num_cpus=2)
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def make_trial(algorithm: str, *, env_steps: int, optimizer: str | None = None, **hp: Any) -> Trial:
-    spec = ScenarioSpec.model_validate(
-        {
-            "name": f"test-{algorithm}",
-            "env": {"id": "CartPole-v1"},
-            "algorithm": {"name": algorithm, "hyperparams": hp, "model": {"hidden": [32, 32]}},
-            "engines": ["crossrl"],
-            "execution": {"workers": 2, "envs_per_worker": 2, "optimizer": optimizer},
-            "budget": {"env_steps": env_steps},
-        }
-    )
-    return spec.trials()[0]
+    return crossrl_trials.make_trial(algorithm, env_steps=env_steps, optimizer=optimizer, envs_per_worker=2, **hp)
 
 
 def kill_first_evaluator_after_first_point(i: int, evaluators: EvaluatorSet) -> None:
@@ -115,7 +100,7 @@ def test_apex_shards_fill_from_workers_and_epsilons_differ() -> None:
     try:
         stats = [opt.step() for _ in range(3)]
         sampled = sum(s.env_steps_sampled for s in stats)
-        eps = ray.get([r.apply.remote(_epsilon_of) for r in evaluators.remotes])
+        eps = ray.get([r.apply.remote(lambda ev: float(ev.policy.epsilon)) for r in evaluators.remotes])
         # Workers push to shards themselves; their last pushes may land just after the driver's count.
         deadline = time.monotonic() + 10.0
         while sum(sizes := opt.replay_sizes()) < sampled and time.monotonic() < deadline:
@@ -127,7 +112,3 @@ def test_apex_shards_fill_from_workers_and_epsilons_differ() -> None:
     assert len(sizes) == 2 and all(s > 0 for s in sizes)
     # Every counted transition reached a shard (tasks launched after the last step may add more).
     assert sum(sizes) >= sampled
-
-
-def _epsilon_of(evaluator: Any) -> float:
-    return float(evaluator.policy.epsilon)
