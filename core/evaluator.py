@@ -263,6 +263,10 @@ class EvaluatorSet:
 
         ``indices[j]`` is the remote that produced ``refs[j]`` (default: ``j``).
         """
+        try:
+            return list(ray.get(list(refs)))  # one call for all: the common case, no actor died
+        except RayActorError:
+            pass
         out = []
         for j, ref in enumerate(refs):
             try:
