@@ -220,6 +220,9 @@ class ScenarioSpec(BaseModel):
         data["algorithm"]["hyperparams"] = self.algorithm.resolved_hyperparams()
         data["execution"].pop("workers")
         data["execution"]["optimizer"] = self.optimizer
+        if not self.budget.stop_at_target:
+            # Added after baselines existed: left out at its default so their fingerprints still match.
+            data["budget"].pop("stop_at_target")
         return data
 
     def fingerprint(self) -> str:

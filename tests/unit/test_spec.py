@@ -187,3 +187,15 @@ def test_regress_tolerances_are_checked() -> None:
     [line] = problems(with_("regress", {"throughput": 0.1}))
     assert "regress.throughput: unknown field" in line
     assert validate(with_("regress", {"throughput_drop": 0.3}), label="r").regress.throughput_drop == 0.3
+
+
+def test_stop_at_target_changes_the_fingerprint_only_when_set() -> None:
+    """Left out of the canonical form at its default, so baselines made before the field existed still match."""
+    import json
+
+    spec = validate(GOOD, label="x.yaml")
+    assert "stop_at_target" not in spec.canonical()["budget"]
+    stopping = validate(with_("budget.stop_at_target", True), label="x.yaml")
+    assert stopping.fingerprint() != spec.fingerprint()
+    baseline = json.loads((Path(__file__).parents[2] / "reports" / "baselines" / "smoke.json").read_text())
+    assert load("smoke")[0].fingerprint() == baseline["fingerprint"]
