@@ -239,12 +239,14 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
                     break
                 partial += chunk
                 *lines, partial = partial.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        handle(json.loads(line))
+                with _sigint_deferred():  # store writes: never interrupted half-way (a held sqlite lock)
+                    for line in lines:
+                        if line.strip():
+                            handle(json.loads(line))
             meter.sample()
             if len(pending) >= FLUSH_EVERY_POINTS or time.perf_counter() - last_flush > FLUSH_EVERY_S:
-                flush()
+                with _sigint_deferred():
+                    flush()
         else:
             try:
                 code = proc.wait(timeout=30)
@@ -285,6 +287,25 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
         )
         progress("trial_end", {"result": result})
     return result
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Any:
+    """Hold a Ctrl-C until the block is done, then raise it: a store write cut half-way can leave the
+    embedded sqlite store locked for the writes that follow (the trial's KILLED status among them)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            raise KeyboardInterrupt
 
 
 def run_scenario(

@@ -146,3 +146,15 @@ def test_real_engine_crash_is_failed_with_traceback_and_the_next_trial_runs(
         assert "simulator crashed" in r.reason
         tb = Path(store.client.download_artifacts(r.run_id, "traceback.txt")).read_text()
         assert "RuntimeError: CrashingCartPole: simulator crashed" in tb
+
+
+def test_ctrl_c_during_a_store_write_is_raised_after_it() -> None:
+    from crossrl.adapters.runner import _sigint_deferred
+
+    finished = []
+    with pytest.raises(KeyboardInterrupt), _sigint_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)
+        finished.append(True)  # the write runs to its end
+    assert finished == [True]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
