@@ -105,6 +105,8 @@ def test_ctrl_c_kills_the_running_trial_and_keeps_finished_ones(fault_engine: Pa
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "COLUMNS": "120"},
+        # a shell that starts jobs in the background (`cmd &`) hands them SIGINT ignored: undo that here
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.time() + 120
     while not (fault_engine / "started-4").exists():
@@ -152,9 +154,13 @@ def test_ctrl_c_during_a_store_write_is_raised_after_it() -> None:
     from crossrl.adapters.runner import _sigint_deferred
 
     finished = []
-    with pytest.raises(KeyboardInterrupt), _sigint_deferred():
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)
-        finished.append(True)  # the write runs to its end
-    assert finished == [True]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # may be SIG_IGN under a background shell
+    try:
+        with pytest.raises(KeyboardInterrupt), _sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            finished.append(True)  # the write runs to its end
+        assert finished == [True]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, before)
