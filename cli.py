@@ -7,6 +7,7 @@ Exit codes: 0 success, 1 a trial failed / a regression, 2 unusable input, 130 in
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -320,6 +321,25 @@ JsonOut = Annotated[Path | None, typer.Option("--json", help="also write the fig
 NoStore = Annotated[bool, typer.Option("--no-store", help="do not log the figures to the store")]
 
 
+def _emit_bench(
+    kind: str,
+    result: Any,
+    printer: Callable[..., None],
+    *,
+    json_out: Path | None,
+    tracking_uri: str | None,
+    results_dir: Path,
+    store: bool,
+    console: Any,
+) -> None:
+    """A bench result's way out, the same for every bench command: printed, JSON if asked, the store."""
+    printer(result, console=console)
+    if json_out:
+        result.to_json(json_out)
+    if store:
+        _store_bench(kind, result, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
+
+
 def _store_bench(kind: str, result: Any, *, tracking_uri: str | None, results_dir: Path, console: Any) -> None:
     """Log a benchmark's figures as one run of experiment ``bench-<kind>``; a store failure only warns."""
     import sys
@@ -370,11 +390,8 @@ def bench_sampling_cmd(
         fragment=None if fragment == "auto" else _positive_int(fragment, "--fragment"),
         progress=console.print,
     )
-    print_speed_table(table, console=console)
-    if json_out:
-        table.to_json(json_out)
-    if not no_store:
-        _store_bench("sampling", table, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
+    _emit_bench("sampling", table, print_speed_table, json_out=json_out, tracking_uri=tracking_uri,
+                results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
 
 
 @bench_app.command("scaling")
@@ -404,11 +421,8 @@ def bench_scaling_cmd(
         repeat=repeat,
         progress=console.print,
     )
-    print_speed_table(table, console=console)
-    if json_out:
-        table.to_json(json_out)
-    if not no_store:
-        _store_bench("scaling", table, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
+    _emit_bench("scaling", table, print_speed_table, json_out=json_out, tracking_uri=tracking_uri,
+                results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
 
 
 @bench_app.command("e2e")
@@ -431,10 +445,8 @@ def bench_e2e_cmd(
         store=ResultsStore(tracking_uri, results_dir=results_dir),
         progress=console.print,
     )
-    print_e2e_table(table, console=console)
-    if json_out:
-        table.to_json(json_out)
-    _store_bench("e2e", table, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
+    _emit_bench("e2e", table, print_e2e_table, json_out=json_out, tracking_uri=tracking_uri,
+                results_dir=results_dir, store=True, console=console)  # fmt: skip
 
 
 @bench_app.command("overhead")
@@ -450,11 +462,8 @@ def bench_overhead_cmd(
 
     console = _console()
     overhead = bench_overhead(progress=console.print)
-    print_overhead(overhead, console=console)
-    if json_out:
-        overhead.to_json(json_out)
-    if not no_store:
-        _store_bench("overhead", overhead, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
+    _emit_bench("overhead", overhead, print_overhead, json_out=json_out, tracking_uri=tracking_uri,
+                results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
 
 
 @app.command()
