@@ -14,6 +14,13 @@ LOCAL_RAY_ENV = {
 }
 
 
+# Objects up to this size travel inside the task's RPC (its arguments, its return value) instead of
+# through the shared-memory object store. Ray's default is 100 KiB; a sampled batch of 8 envs x 500
+# steps is ~190 KB, and returning it through the store cost ~0.7 ms more per call here
+# (1 x 8 envs, fragment 500: 1.85 -> 1.13 ms from sample end to the driver holding it).
+LOCAL_RAY_SYSTEM_CONFIG = {"max_direct_call_object_size": 1024 * 1024}
+
+
 for _k, _v in LOCAL_RAY_ENV.items():  # Ray reads these when it is imported: set them before it is
     os.environ.setdefault(_k, _v)
 
@@ -38,6 +45,7 @@ def connect(address: str | None, *, num_cpus: int | None = None, **kwargs: Any) 
                 include_dashboard=False,
                 log_to_driver=False,
                 _node_ip_address="127.0.0.1",
+                _system_config={**LOCAL_RAY_SYSTEM_CONFIG, **kwargs.pop("_system_config", {})},
                 **kwargs,
             )
     ctx = ray.get_runtime_context()

@@ -36,6 +36,18 @@ def _chain(terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray | No
     return ok, (ok & ~done & nxt_ok).astype(np.float64)
 
 
+def _reverse_discounted_sum(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """``y[T-1] = x[T-1]``, ``y[t] = x[t] + coef[t] * y[t+1]`` over the leading (time) axis, float64.
+
+    Two in-place numpy calls per row (the naive form makes four temporaries per row: half the time).
+    """
+    y = np.array(x, np.float64)  # a copy: rows are updated in place, back to front
+    for t in range(len(y) - 2, -1, -1):
+        row = y[t]
+        row += coef[t] * y[t + 1]
+    return y
+
+
 def gae(
     *,
     rewards: np.ndarray,
@@ -68,11 +80,7 @@ def gae(
     v = np.asarray(values, np.float64)
     not_term = 1.0 - np.asarray(terminated, np.float64)
     delta = np.where(ok, r + gamma * not_term * np.asarray(next_values, np.float64) - v, 0.0)
-    adv = np.zeros_like(r)
-    acc = np.zeros(r.shape[1])
-    for t in range(r.shape[0] - 1, -1, -1):
-        acc = delta[t] + gamma * lam * chain[t] * acc
-        adv[t] = acc
+    adv = _reverse_discounted_sum(delta, gamma * lam * chain)
     return adv, np.where(ok, adv + v, v)
 
 

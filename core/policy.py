@@ -18,7 +18,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -194,7 +194,7 @@ class ActorCriticPolicy(Policy):
         # Weights live in the torch modules once built (self._torch), in _np_weights before that.
         self._torch: tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer] | None = None
         self._np_weights: dict[str, np.ndarray] | None = None
-        self._np_cache: tuple[list[_NpLayer], np.ndarray | None] | None = None
+        self._np_cache: _NpNet | None = None
 
     # -- torch, built on first use -------------------------------------------------------------------
     def _build_torch(self) -> tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer]:
@@ -236,7 +236,7 @@ class ActorCriticPolicy(Policy):
 
     # -- acting ------------------------------------------------------------------------------------
     def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        fused, log_std = self._numpy_net()
+        fused, log_std, _ = self._numpy_net()
         out = _np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))
         values = out[:, -1]
         if self.discrete:
@@ -262,10 +262,10 @@ class ActorCriticPolicy(Policy):
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for ``obs[B, ...]`` -> ``[B]`` (float32)."""
-        fused, _ = self._numpy_net()
+        fused = self._numpy_net().layers
         return _np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))[:, -1].copy()
 
-    def _numpy_net(self) -> tuple[list[_NpLayer], np.ndarray | None]:
+    def _numpy_net(self) -> _NpNet:
         """Actor and critic fused into one numpy MLP (block-diagonal weights), refreshed after weight changes.
 
         Output columns: the actor's outputs, then the value. For the small batches a sampler feeds (one
@@ -276,7 +276,7 @@ class ActorCriticPolicy(Policy):
             w = self.get_weights()
             act = self.model_spec.activation
             fused = _fuse(_np_layers(w, "pi", act), _np_layers(w, "vf", act))
-            self._np_cache = (fused, None if self.discrete else w["log_std"])
+            self._np_cache = _NpNet(fused, None if self.discrete else w["log_std"], _augment(fused))
         return self._np_cache
 
     # -- postprocessing ------------------------------------------------------------------------------
@@ -398,6 +398,30 @@ class ActorCriticPolicy(Policy):
 _NpLayer = tuple[np.ndarray, np.ndarray] | str
 
 
+class _NpNet(NamedTuple):
+    """The fused actor-critic as numpy arrays, rebuilt after each weight change."""
+
+    layers: list[_NpLayer]  # (W^T, b) Linears and activation names, outputs [actor's..., value]
+    log_std: np.ndarray | None  # Gaussian policies' state-independent log std
+    augmented: list[tuple[np.ndarray, str | None]]  # per Linear: [W^T; b] [in + 1, out], the activation after it
+
+
+def _augment(layers: list[_NpLayer]) -> list[tuple[np.ndarray, str | None]]:
+    """Each Linear as one matrix ``[W^T; b]`` applied to ``[x, 1]``, with the activation that follows it.
+
+    The acting loop keeps a column of ones after every layer's input, so one ``np.dot`` does both the
+    product and the bias: per step one numpy call less per layer (~0.7 us each at 8 envs).
+    """
+    out: list[tuple[np.ndarray, str | None]] = []
+    for layer in layers:
+        if isinstance(layer, str):
+            out[-1] = (out[-1][0], layer)
+        else:
+            w, b = layer
+            out.append((np.ascontiguousarray(np.vstack([w, b[None]]), np.float32), None))
+    return out
+
+
 def _np_layers(weights: Mapping[str, np.ndarray], prefix: str, activation: str) -> list[_NpLayer]:
     """A :func:`~crossrl.core.models.build_mlp` MLP from its state dict (``prefix.<i>.weight``, Linear at even i)."""
     if activation not in ("tanh", "relu"):
@@ -424,23 +448,32 @@ class _ActorCriticFragment:
     """
 
     def __init__(self, policy: ActorCriticPolicy, num_steps: int, num_envs: int) -> None:
-        layers, self.log_std = policy._numpy_net()
-        linears = [layer for layer in layers if not isinstance(layer, str)]
-        acts = [layer for layer in layers if isinstance(layer, str)]
-        # Preallocated per-layer outputs: every numpy call writes in place (no temporaries per env step).
-        self.hidden = [
-            (w, b, np.tanh if act == "tanh" else _relu_, np.empty((num_envs, w.shape[1]), np.float32))
-            for (w, b), act in zip(linears[:-1], acts, strict=True)
-        ]
-        self.last_w, self.last_b = linears[-1]
+        net = policy._numpy_net()
+        self.log_std = net.log_std
+        *hidden, (self.last_w, _) = net.augmented
+        # Every layer's input lives in a buffer whose last column is ones (the bias row of [W^T; b]); each
+        # numpy call writes in place, so an env step allocates nothing here.
         self.obs_dim = policy.obs_dim
+        self.x0 = np.ones((num_envs, self.obs_dim + 1), np.float32)
+        self.x0_in = self.x0[:, :-1]
+        self.hidden = []
+        x = self.x0
+        for w, act in hidden:
+            nxt = np.ones((num_envs, w.shape[1] + 1), np.float32)
+            fn = np.tanh if act == "tanh" else _relu_
+            self.hidden.append((x, w, np.empty((num_envs, w.shape[1]), np.float32), fn, nxt[:, :-1]))
+            x = nxt
+        self.x_last = x
         self.discrete = policy.discrete
         a = policy.act_dim
         self.a = a
         self.out = np.empty((num_steps, num_envs, a + 1), np.float32)
         if self.discrete:
             self.actions = np.empty((num_steps, num_envs), np.int64)
-            self.noise = -np.log(policy.rng.standard_exponential((num_steps, num_envs, a), np.float32))
+            # Gumbel noise beside the logits, -inf beside the value: argmax over a whole output row
+            self.noise = np.full((num_steps, num_envs, a + 1), -np.inf, np.float32)
+            self.noise[..., :a] = -np.log(policy.rng.standard_exponential((num_steps, num_envs, a), np.float32))
+            self.scores = np.empty((num_envs, a + 1), np.float32)
         else:
             self.noise = policy.rng.standard_normal((num_steps, num_envs, a), np.float32)
             assert self.log_std is not None
@@ -448,23 +481,18 @@ class _ActorCriticFragment:
             self.actions_f = np.empty((num_steps, num_envs, a), np.float32)
 
     def __call__(self, obs: np.ndarray, t: int) -> np.ndarray:
-        x = obs if obs.ndim == 2 else obs.reshape(len(obs), self.obs_dim)
-        if x.dtype != np.float32:
-            x = x.astype(np.float32)
-        for w, b, act, buf in self.hidden:
-            np.matmul(x, w, out=buf)
-            buf += b
-            act(buf, out=buf)
-            x = buf
+        self.x0_in[...] = obs if obs.ndim == 2 else obs.reshape(len(obs), self.obs_dim)  # casts to float32
+        dot = np.dot
+        for x, w, h, act, nxt_in in self.hidden:
+            dot(x, w, out=h)
+            act(h, out=nxt_in)
         out = self.out[t]
-        np.matmul(x, self.last_w, out=out)
-        out += self.last_b
-        x = out
+        dot(self.x_last, self.last_w, out=out)
         if self.discrete:
-            actions: np.ndarray = (x[:, : self.a] + self.noise[t]).argmax(1)
-            self.actions[t] = actions
+            actions: np.ndarray = self.actions[t]
+            np.add(out, self.noise[t], out=self.scores).argmax(1, out=actions)
             return actions
-        self.actions_f[t] = x[:, : self.a] + self.std * self.noise[t]
+        self.actions_f[t] = out[:, : self.a] + self.std * self.noise[t]
         return self.actions_f[t]
 
     def columns(self) -> dict[str, np.ndarray]:

@@ -60,6 +60,27 @@ def test_autoreset_rows_are_not_transitions_and_truncation_bootstraps_from_final
     assert nxt[sb.VALID].all() and nxt.episode_lengths == []
 
 
+def test_latency_envs_reuse_one_obs_buffer_and_the_batch_still_holds_every_step() -> None:
+    """Latency envs come from SyncVectorEnv(copy=False): each step overwrites one obs buffer in place."""
+    ev = PolicyEvaluator(
+        env_spec=EnvSpec(id="CartPole-v1", step_latency_ms=0.01),
+        num_envs=2,
+        policy_factory=PolicySpec(
+            policy_cls=load("impala").policy_cls,
+            hyperparams=load("impala").hyperparams(HYPERPARAM_DEFAULTS["impala"]),
+            model=ModelSpec(hidden=(16, 16)),
+        ),
+        seed=3,
+        worker_index=0,
+    )
+    first = ev.sample(num_steps=6)
+    second = ev.sample(num_steps=6)
+    obs = np.concatenate([first[sb.OBS], second[sb.OBS]])
+    assert len({row.tobytes() for row in obs}) == len(obs)  # no row aliased to a later step's obs
+    np.testing.assert_array_equal(first[sb.OBS][1:], first[sb.NEXT_OBS][:-1])
+    np.testing.assert_array_equal(first[sb.NEXT_OBS][-1], second[sb.OBS][0])
+
+
 def test_continuous_actions_are_clipped_for_the_env_but_stored_raw() -> None:
     ev = evaluator("Pendulum-v1", num_envs=3)
     batch = ev.sample(num_steps=20)
