@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -70,7 +71,7 @@ class PolicyEvaluator:
         self,
         *,
         num_steps: int,
-        weights: dict[str, np.ndarray] | None = None,
+        weights: dict[str, np.ndarray] | bytes | None = None,
         version: int | None = None,
         epsilon: float | None = None,
     ) -> SampleBatch:
@@ -78,6 +79,7 @@ class PolicyEvaluator:
 
         ``weights`` (with their ``version``) are set first unless this evaluator already has that
         version: an optimizer sends new weights with the sample request, one actor call per iteration.
+        They may come packed (:func:`pack_weights`).
         ``epsilon`` likewise sets an epsilon-greedy policy's exploration first.
         Returns the policy-postprocessed time-major batch; its ``episode_returns``/``episode_lengths`` are
         the episodes completed during this call. Autoreset rows are marked ``VALID == False``.
@@ -156,8 +158,8 @@ class PolicyEvaluator:
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.policy.get_weights()
 
-    def set_weights(self, weights: dict[str, np.ndarray], version: int | None = None) -> None:
-        self.policy.set_weights(weights)
+    def set_weights(self, weights: dict[str, np.ndarray] | bytes, version: int | None = None) -> None:
+        self.policy.set_weights(pickle.loads(weights) if isinstance(weights, bytes) else weights)
         if version is not None:
             self.weights_version = version
 
@@ -174,8 +176,31 @@ class PolicyEvaluator:
 
 RemoteEvaluator = ray.remote(num_cpus=1)(PolicyEvaluator)
 
-# Weights up to this size (summed over the remotes they go to) are sent inside the sample calls.
-INLINE_WEIGHTS_BYTES = 256 * 1024
+
+def pack_weights(weights: dict[str, np.ndarray]) -> bytes:
+    """Weights serialized once, for sending inline to many remotes (``PolicyEvaluator`` unpacks them).
+
+    Ray serializes each call's arguments itself: a dict of a dozen arrays costs it ~140 us per call
+    here, bytes ~0 (16 remotes: 7.8 -> 5.5 ms to submit the 16 sample calls of a round).
+    """
+    return pickle.dumps(weights, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def weights_payload(weights: dict[str, np.ndarray], copies: int) -> bytes | ray.ObjectRef:
+    """What carries ``weights`` to ``copies`` remotes: packed bytes inside each call when small
+    (:data:`INLINE_WEIGHTS_BYTES` each, :data:`INLINE_WEIGHTS_TOTAL_BYTES` over all), else one ``ray.put``."""
+    nbytes = sum(v.nbytes for v in weights.values())
+    if nbytes <= INLINE_WEIGHTS_BYTES and nbytes * copies <= INLINE_WEIGHTS_TOTAL_BYTES:
+        return pack_weights(weights)
+    return ray.put(weights)
+
+
+# Weights up to this size are sent inside each remote's sample call (below Ray's default 100 KiB
+# inline limit, so on any cluster they ride in the call's RPC), as long as all the copies together
+# stay under INLINE_WEIGHTS_TOTAL_BYTES; bigger weights go through one ray.put. Measured with 16
+# latency-bound workers and 36 KiB of weights: inline 164 ms per round, ray.put 171 ms.
+INLINE_WEIGHTS_BYTES = 96 * 1024
+INLINE_WEIGHTS_TOTAL_BYTES = 2 * 1024 * 1024
 
 
 class EvaluatorSet:
@@ -209,7 +234,7 @@ class EvaluatorSet:
         )
         self.remotes: list[ActorHandle] = [self._make(i) for i in range(num_remote)]
         self.weights_version = 0
-        self._pending_weights: ray.ObjectRef | dict[str, np.ndarray] | None = None
+        self._pending_weights: ray.ObjectRef | bytes | None = None
 
     def _make(self, i: int) -> ActorHandle:
         return RemoteEvaluator.options(num_cpus=self.remote_num_cpus).remote(  # type: ignore[attr-defined,return-value]
@@ -220,28 +245,24 @@ class EvaluatorSet:
             worker_index=i + 1,
         )
 
-    def broadcast_weights(self, *, with_next_sample: bool = False) -> ray.ObjectRef | dict[str, np.ndarray]:
+    def broadcast_weights(self, *, with_next_sample: bool = False) -> ray.ObjectRef | bytes:
         """Send the local policy's weights to every remote (one ``ray.put``); returns what was sent.
 
         Actor calls run in submission order, so each remote's next ``sample`` uses these weights. With
         ``with_next_sample`` no call is made now: the next :meth:`sample` carries the weights in its own
-        call (one actor round trip per iteration instead of two); then small weights (at most
-        :data:`INLINE_WEIGHTS_BYTES` over all remotes) travel inline in the call, which Ray copies into
-        the task itself, and skip the object store: a ``ray.put`` costs ~1 ms here, 36 KiB inline ~0.1 ms.
+        call (one actor round trip per iteration instead of two); then small weights (see
+        :func:`weights_payload`) travel packed inside the call, which Ray copies into the task itself,
+        and skip the object store: a ``ray.put`` costs ~1 ms here, 36 KiB inline ~0.1 ms.
         """
         self.weights_version += 1
         weights = self.local.get_weights()
-        nbytes = sum(v.nbytes for v in weights.values()) * len(self.remotes)
-        if with_next_sample and nbytes <= INLINE_WEIGHTS_BYTES:
-            self._pending_weights = weights
-            return weights
-        ref = ray.put(weights)
         if with_next_sample:
-            self._pending_weights = ref
-        else:
-            self._pending_weights = None
-            for r in self.remotes:
-                r.set_weights.remote(ref, self.weights_version)
+            self._pending_weights = weights_payload(weights, len(self.remotes))
+            return self._pending_weights
+        ref = ray.put(weights)
+        self._pending_weights = None
+        for r in self.remotes:
+            r.set_weights.remote(ref, self.weights_version)
         return ref
 
     def restart(self, i: int) -> ActorHandle:

@@ -3,7 +3,7 @@ thread consumes a queue of batches; the loss (V-trace) corrects for the policy l
 
 The driver thread keeps one ``sample(num_steps=rollout_fragment)`` call in flight per remote, moves
 each finished batch into a bounded queue and relaunches that remote, first sending it the newest
-weights if the learner has updated them (one ``ray.put`` per weight version). The learner thread
+weights if the learner has updated them (packed once per weight version, see ``weights_payload``). The learner thread
 concatenates fragments into ``train_batch`` env steps and learns. One ``step()`` returns once
 ``max(train_batch, iteration_env_steps)`` env steps were sampled (default 1000); it reports what the
 learner did in the meantime.
@@ -22,7 +22,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from crossrl.core import metrics as M
-from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.evaluator import EvaluatorSet, weights_payload
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
 from crossrl.core.sample_batch import SampleBatch, concat
 
@@ -89,15 +89,16 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         )
         self._in_flight: dict[ray.ObjectRef, int] = {}
         self._worker_version = [-1] * len(evaluators.remotes)
-        self._weights: tuple[int, ray.ObjectRef] | None = None
+        self._weights: tuple[int, ray.ObjectRef | bytes] | None = None
         self._started = False
 
-    def _weights_ref(self) -> tuple[int, ray.ObjectRef]:
-        """The newest weights in the object store (one ``ray.put`` per learner update)."""
+    def _weights_ref(self) -> tuple[int, ray.ObjectRef | bytes]:
+        """The newest weights, packed once per learner update: inline bytes when small, else one ``ray.put``."""
         with self.learner.lock:
             version = self.learner.version
             if self._weights is None or self._weights[0] != version:
-                self._weights = (version, ray.put(self.evaluators.local.get_weights()))
+                weights = self.evaluators.local.get_weights()
+                self._weights = (version, weights_payload(weights, len(self.evaluators.remotes)))
         return self._weights
 
     def _launch(self, i: int) -> None:

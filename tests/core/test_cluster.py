@@ -16,3 +16,38 @@ def test_local_cluster_is_on_loopback_and_inlines_sampled_batches() -> None:
     config = ray._private.worker._global_node._config  # the system config the head was started with
     assert config["max_direct_call_object_size"] == cluster.LOCAL_RAY_SYSTEM_CONFIG["max_direct_call_object_size"]
     assert config["max_direct_call_object_size"] > 200_000  # a 1 x 8 envs x 500 steps batch (~190 KB) rides inline
+
+
+@pytest.mark.parametrize(("hidden", "inline"), [((16, 16), True), ((256, 256), False)])
+def test_small_weights_ride_in_the_sample_call_big_ones_go_through_one_put(
+    hidden: tuple[int, int], inline: bool
+) -> None:
+    from crossrl.core import evaluator as E
+    from crossrl.core.algorithms import load
+    from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+    from crossrl.core.policy import PolicySpec
+    from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+    alg = load("ppo")
+    evs = E.EvaluatorSet(
+        env_spec=EnvSpec(id="CartPole-v1"),
+        num_envs=2,
+        policy_factory=PolicySpec(
+            policy_cls=alg.policy_cls,
+            hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]),
+            model=ModelSpec(hidden=hidden),
+        ),
+        num_remote=2,
+        seed=0,
+    )
+    try:
+        sent = evs.broadcast_weights(with_next_sample=True)
+        nbytes = sum(v.nbytes for v in evs.local.get_weights().values())
+        assert (nbytes <= E.INLINE_WEIGHTS_BYTES) == inline
+        assert isinstance(sent, bytes) == inline and isinstance(sent, ray.ObjectRef) == (not inline)
+        batches = evs.sample(num_steps=4)
+        assert len(batches) == 2
+        versions = ray.get([r.apply.remote(lambda ev: ev.weights_version) for r in evs.remotes])
+        assert versions == [evs.weights_version] * 2
+    finally:
+        evs.stop()

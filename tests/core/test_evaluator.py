@@ -10,7 +10,7 @@ import torch
 from crossrl.core import sample_batch as sb
 from crossrl.core.algorithms import load
 from crossrl.core.catalog import HYPERPARAM_DEFAULTS
-from crossrl.core.evaluator import PolicyEvaluator
+from crossrl.core.evaluator import PolicyEvaluator, pack_weights
 from crossrl.core.policy import PolicySpec
 from crossrl.core.sample_batch import SampleBatch, concat
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
@@ -179,6 +179,9 @@ def test_weights_travel_with_the_sample_call_and_are_set_once_per_version() -> N
     np.testing.assert_array_equal(ev.get_weights()["pi.0.bias"], w["pi.0.bias"])
     ev.sample(num_steps=2, weights=stale, version=8)
     assert not ev.get_weights()["pi.0.bias"].any()
+    ev.sample(num_steps=2, weights=pack_weights(w), version=9)  # packed once for many remotes
+    assert ev.weights_version == 9
+    np.testing.assert_array_equal(ev.get_weights()["pi.0.bias"], w["pi.0.bias"])
 
 
 SAMPLING_ONLY = """
