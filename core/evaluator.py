@@ -65,7 +65,8 @@ class PolicyEvaluator:
         self._autoreset = np.zeros(num_envs, bool)  # True: the env's next step is a reset, not a transition
         self._ep_return = np.zeros(num_envs)
         self._ep_len = np.zeros(num_envs, np.int64)
-        self.weights_version = 0
+        # -1: its own initial weights. Every version an optimizer sends (0 included) is then set.
+        self.weights_version = -1
 
     def sample(
         self,

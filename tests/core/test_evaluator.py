@@ -170,6 +170,11 @@ def test_fragment_columns_match_the_torch_policy_for_discrete_actions(activation
 def test_weights_travel_with_the_sample_call_and_are_set_once_per_version() -> None:
     ev, src = evaluator(), evaluator()
     w = src.get_weights()
+    # Version 0 (async_samples' first learner version) is set too: a fresh evaluator has none yet.
+    first = {k: v + 0.5 for k, v in w.items()}
+    ev.sample(num_steps=2, weights=first, version=0)
+    assert ev.weights_version == 0
+    np.testing.assert_array_equal(ev.get_weights()["pi.0.weight"], first["pi.0.weight"])
     w["pi.0.bias"] = w["pi.0.bias"] + 1.0
     ev.sample(num_steps=2, weights=w, version=7)
     assert ev.weights_version == 7
