@@ -122,7 +122,7 @@ def bench_scaling(
     env_id: str = "CartPole-v1",
     env_latency_ms: float = 2.0,
     workers: Sequence[int] = (1, 2, 4, 8, 16),
-    engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
+    engines: Sequence[str] = SAMPLING_ENGINES,
     optimizers: Sequence[str] = ("sync_samples", "async_samples"),
     envs_per_worker: int = 1,
     repeat: int = 1,
@@ -138,6 +138,8 @@ def bench_scaling(
     through the optimizer's own ``step()`` with a no-op learning step; ratios to crossrl use
     "crossrl/sync_samples". Ray is started with ``max(workers, cores)`` CPUs and every actor asks for
     one, so 16 sleeping workers fit on 2 cores. Speedup and efficiency are against the fewest workers.
+    "raw" (plain processes stepping the same latency env with random actions, ``fragment`` steps per
+    request over a pipe, a barrier per request like sync_samples) is the machine's own scaling limit.
     """
     unknown = [e for e in engines if e not in SAMPLING_ENGINES]
     if unknown:
