@@ -398,7 +398,9 @@ def bench_sampling_cmd(
 def bench_scaling_cmd(
     env_latency_ms: Annotated[float, typer.Option("--env-latency-ms", help="wall time per env step")] = 2.0,
     workers: Annotated[str, typer.Option("--workers")] = "1,2,4,8,16",
-    engines_: Annotated[str, typer.Option("--engines", help="raw: the machine's own limit")] = "raw,crossrl,rllib,torchrl",
+    engines_: Annotated[
+        str, typer.Option("--engines", help="raw: the machine's own limit")
+    ] = "raw,crossrl,rllib,torchrl",
     optimizers: Annotated[str, typer.Option("--optimizers")] = "sync_samples,async_samples",
     seconds: Annotated[float, typer.Option("--seconds")] = 3.0,
     repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 1,
