@@ -291,21 +291,23 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
 
 @contextlib.contextmanager
 def _sigint_deferred() -> Any:
-    """Hold a Ctrl-C until the block is done, then raise it: a store write cut half-way can leave the
-    embedded sqlite store locked for the writes that follow (the trial's KILLED status among them)."""
+    """Hold a Ctrl-C until the block is done, then hand it to the handler it was meant for: a store
+    write cut half-way can leave the embedded sqlite store locked for the writes that follow (the
+    trial's KILLED status among them). Nothing is held where SIGINT is ignored or not ours to catch."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
         yield
         return
     caught: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
         if caught:
-            raise KeyboardInterrupt
+            previous(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
 
 
 def run_scenario(

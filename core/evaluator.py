@@ -177,6 +177,13 @@ class PolicyEvaluator:
 
 RemoteEvaluator = ray.remote(num_cpus=1)(PolicyEvaluator)
 
+# Weights up to this size are sent inside each remote's sample call (below Ray's default 100 KiB
+# inline limit, so on any cluster they ride in the call's RPC), as long as all the copies together
+# stay under INLINE_WEIGHTS_TOTAL_BYTES; bigger weights go through one ray.put. Measured with 16
+# latency-bound workers and 36 KiB of weights: inline 164 ms per round, ray.put 171 ms.
+INLINE_WEIGHTS_BYTES = 96 * 1024
+INLINE_WEIGHTS_TOTAL_BYTES = 2 * 1024 * 1024
+
 
 def pack_weights(weights: dict[str, np.ndarray]) -> bytes:
     """Weights serialized once, for sending inline to many remotes (``PolicyEvaluator`` unpacks them).
@@ -194,14 +201,6 @@ def weights_payload(weights: dict[str, np.ndarray], copies: int) -> bytes | ray.
     if nbytes <= INLINE_WEIGHTS_BYTES and nbytes * copies <= INLINE_WEIGHTS_TOTAL_BYTES:
         return pack_weights(weights)
     return ray.put(weights)
-
-
-# Weights up to this size are sent inside each remote's sample call (below Ray's default 100 KiB
-# inline limit, so on any cluster they ride in the call's RPC), as long as all the copies together
-# stay under INLINE_WEIGHTS_TOTAL_BYTES; bigger weights go through one ray.put. Measured with 16
-# latency-bound workers and 36 KiB of weights: inline 164 ms per round, ray.put 171 ms.
-INLINE_WEIGHTS_BYTES = 96 * 1024
-INLINE_WEIGHTS_TOTAL_BYTES = 2 * 1024 * 1024
 
 
 class EvaluatorSet:

@@ -39,7 +39,7 @@ def _chain(terminated: np.ndarray, truncated: np.ndarray, valid: np.ndarray | No
 def _reverse_discounted_sum(x: np.ndarray, coef: np.ndarray) -> np.ndarray:
     """``y[T-1] = x[T-1]``, ``y[t] = x[t] + coef[t] * y[t+1]`` over the leading (time) axis, float64.
 
-    Two in-place numpy calls per row (the naive form makes four temporaries per row: half the time).
+    Two numpy calls per row, one temporary (the naive form made four temporaries per row: 1.7x slower).
     """
     y = np.array(x, np.float64)  # a copy: rows are updated in place, back to front
     for t in range(len(y) - 2, -1, -1):

@@ -3,8 +3,8 @@ thread consumes a queue of batches; the loss (V-trace) corrects for the policy l
 
 The driver thread keeps one ``sample(num_steps=rollout_fragment)`` call in flight per remote, moves
 each finished batch into a bounded queue and relaunches that remote, first sending it the newest
-weights if the learner has updated them (packed once per weight version, see ``weights_payload``). The learner thread
-concatenates fragments into ``train_batch`` env steps and learns. One ``step()`` returns once
+weights if the learner has updated them (packed once per weight version, see ``weights_payload``).
+The learner thread concatenates fragments into ``train_batch`` env steps and learns. One ``step()`` returns once
 ``max(train_batch, iteration_env_steps)`` env steps were sampled (default 1000); it reports what the
 learner did in the meantime.
 """
@@ -125,8 +125,7 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
             with self.timer(M.TIME_SAMPLE_S):
                 ready = self._ready()
             # Relaunch first: a worker idles from the end of its sample until its next call starts, so
-            # the driver's bookkeeping and a full learner queue must not sit in between (16 latency
-            # workers: efficiency 80-87 % -> see README "Speed").
+            # the driver's bookkeeping and a full learner queue must not sit in between.
             for i, batch in ready:
                 if batch is None:  # its actor died: restarted, the batch is lost and never counted
                     self.evaluators.restart(i)
