@@ -113,7 +113,8 @@ def bench_sampling(
         **{f"w{w}": auto_fragment(w, envs_per_worker) for w in workers},
     }
     cond = {"seconds": seconds, "warmup_s": warmup_s, "repeat": repeat, "fragment": frag,
-            "model": model.model_dump(mode="json"), "crossrl_optimizer": "sync_samples"}  # fmt: skip
+            "model": model.model_dump(mode="json"), "crossrl_optimizer": "sync_samples",
+            "machine_cores": os.cpu_count() or 1}  # fmt: skip
     return SpeedTable(kind="sampling", env_id=env_id, rows=speed_rows(results), conditions=cond)
 
 
@@ -157,7 +158,7 @@ def bench_scaling(
     add_scaling(rows)
     cond = {"env_latency_ms": env_latency_ms, "seconds": seconds, "warmup_s": warmup_s, "repeat": repeat,
             "fragment": fragment, "ray_cpus": "max(workers, cores), 1 per actor",
-            "model": model.model_dump(mode="json")}  # fmt: skip
+            "machine_cores": os.cpu_count() or 1, "model": model.model_dump(mode="json")}  # fmt: skip
     return SpeedTable(kind="scaling", env_id=env_id, rows=rows, conditions=cond)
 
 

@@ -39,7 +39,8 @@ class SpeedRow:
     ratio_to_crossrl: float | None = None  # median / crossrl's median at the same size, same run
     speedup: float | None = None  # scaling: median / this contestant's median at the fewest workers
     efficiency: float | None = None  # scaling: speedup / (workers / fewest workers)
-    cpus: dict[str, float] = field(default_factory=dict)  # median CPUs in use while timed (CpuMeter)
+    # medians over measurements of the CPUs in use while timed (CpuMeter) and of cpu_us_per_step
+    cpus: dict[str, float] = field(default_factory=dict)
 
     @property
     def median(self) -> float:
@@ -81,7 +82,7 @@ def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossr
     for r in results:
         key = (r.label, r.workers, r.envs_per_worker)
         grouped.setdefault(key, []).extend(r.steps_per_s)
-        for name, value in (r.cpu or {}).items():
+        for name, value in {**(r.cpu or {}), **_cpu_per_step(r)}.items():
             cpus.setdefault(key, {}).setdefault(name, []).append(value)
     rows = [
         SpeedRow(
@@ -100,6 +101,30 @@ def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossr
         row.ratio_to_raw = _ratio(row.median, ref.get(("raw", *size)))
         row.ratio_to_crossrl = _ratio(row.median, ref.get((crossrl_label, *size)))
     return rows
+
+
+def _cpu_per_step(r: SamplerResult) -> dict[str, float]:
+    """CPU microseconds per env step of the contestant's processes (env-stepping ones and the driver).
+
+    Tells a latency-bound measurement from a CPU-bound one: where a sleep and its wake-up cost a
+    virtual machine ~100 us of CPU, 16 workers stepping a 2 ms latency env already fill 2 cores.
+    """
+    cpu = r.cpu or {}
+    if "workers_cpus" not in cpu or not r.steps_per_s:
+        return {}
+    steps_per_s = statistics.fmean(r.steps_per_s)
+    used = cpu["workers_cpus"] + cpu.get("driver_cpus", 0.0)
+    return {"cpu_us_per_step": 1e6 * used / steps_per_s} if steps_per_s > 0 else {}
+
+
+# A measurement with the machine's CPUs at least this busy is bounded by CPU per env step: its figure
+# says how much CPU the contestant needs per step, not how well it coordinates its workers.
+CPU_BOUND_SHARE = 0.8
+
+
+def cpu_bound(row: SpeedRow, cores: int) -> bool:
+    busy = row.cpus.get("machine_busy_cpus")
+    return busy is not None and busy >= CPU_BOUND_SHARE * cores
 
 
 def add_scaling(rows: Sequence[SpeedRow]) -> None:
@@ -171,6 +196,9 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
         t.add_column("speedup", justify="right")
         t.add_column("efficiency", justify="right")
     t.add_column("CPUs busy: machine / workers", justify="right")
+    t.add_column("CPU us/step", justify="right")
+    cores = int(table.conditions.get("machine_cores") or 0)
+    bound = [r for r in table.rows if cores and cpu_bound(r, cores)]
     for r in sorted(table.rows, key=lambda r: (r.workers, r.engine)):
         cells = [
             r.engine,
@@ -183,9 +211,16 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
         ]
         if scaling:
             cells += [_fmt(r.speedup, ".2f"), _fmt(None if r.efficiency is None else 100 * r.efficiency, ".0f") + "%"]
-        cells.append(f"{_fmt(r.cpus.get('machine_busy_cpus'), '.2f')} / {_fmt(r.cpus.get('workers_cpus'), '.2f')}")
+        busy = f"{_fmt(r.cpus.get('machine_busy_cpus'), '.2f')} / {_fmt(r.cpus.get('workers_cpus'), '.2f')}"
+        cells += [busy + (" *" if r in bound else ""), _fmt(r.cpus.get("cpu_us_per_step"), ",.0f")]
         t.add_row(*cells)
-    (console or Console()).print(t)
+    out = console or Console()
+    out.print(t)
+    if bound:
+        out.print(
+            f"* the machine's {cores} cores were >= {CPU_BOUND_SHARE:.0%} busy: CPU-bound, so the figure reflects "
+            "CPU per env step (CPU us/step) more than how the contestant coordinates its workers"
+        )
 
 
 def _conditions_line(cond: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from crossrl.adapters.bench.results import (
     Overhead,
     SpeedTable,
     add_scaling,
+    cpu_bound,
     print_e2e_table,
     print_overhead,
     print_speed_table,
@@ -87,6 +88,42 @@ def test_sampling_json_has_the_documented_fields(tmp_path: Path) -> None:
         assert row["steps_per_s"]["min"] <= row["steps_per_s"]["median"] <= row["steps_per_s"]["max"]
     rl = next(r for r in doc["rows"] if r["engine"] == "rllib")
     assert rl["steps_per_s"]["median"] == 1_500 and rl["ratio_to_crossrl"] == pytest.approx(0.025)
+
+
+def test_cpu_per_step_and_the_cpu_bound_mark() -> None:
+    from rich.console import Console
+
+    def measured(workers: int, steps_per_s: list[float], busy: float, stepping: float) -> SamplerResult:
+        r = _r("crossrl", workers, *steps_per_s, optimizer="sync_samples")
+        r.cpu = {"machine_busy_cpus": busy, "workers_cpus": stepping, "driver_cpus": 0.1}
+        return r
+
+    rows = speed_rows(
+        [
+            measured(1, [400.0], busy=0.2, stepping=0.1),  # 0.2 CPU-s per 400 steps: 500 us a step
+            measured(16, [5000.0, 4000.0], busy=1.7, stepping=1.25),  # (1.25 + 0.1) / 4500 steps/s
+            measured(16, [6000.0], busy=1.5, stepping=1.5),
+            _r("raw", 16, 7000.0),  # no CPU figures: no CPU per step
+        ],
+        crossrl_label="crossrl/sync_samples",
+    )
+    add_scaling(rows)
+    by = {(r.engine, r.workers): r for r in rows}
+    assert by["crossrl/sync_samples", 1].cpus["cpu_us_per_step"] == pytest.approx(500.0)
+    # the median over the two 16-worker measurements: 300 and 266.7 us
+    assert by["crossrl/sync_samples", 16].cpus["cpu_us_per_step"] == pytest.approx((300.0 + 1.6e6 / 6000) / 2)
+    assert "cpu_us_per_step" not in by["raw", 16].cpus
+    table = SpeedTable(kind="scaling", env_id="CartPole-v1", rows=rows, conditions={"machine_cores": 2})
+    assert table.metrics()["crossrl/sync_samples.w1.cpu_us_per_step"] == pytest.approx(500.0)
+    # 16 workers: the machine 1.6 of 2 cores busy (median of 1.7 and 1.5) is CPU-bound; 1 worker is not
+    assert cpu_bound(by["crossrl/sync_samples", 16], 2) and not cpu_bound(by["crossrl/sync_samples", 1], 2)
+    con = Console(record=True, width=250)
+    print_speed_table(table, console=con)
+    text = con.export_text()
+    assert "1.60 / 1.38 *" in text and "cores were >= 80% busy" in text and "500" in text
+    con = Console(record=True, width=250)
+    print_speed_table(SpeedTable(kind="scaling", env_id="CartPole-v1", rows=rows[:1], conditions={}), console=con)
+    assert "busy: CPU-bound" not in con.export_text()  # cores unknown (older results): no mark
 
 
 def test_e2e_ratio_and_json(tmp_path: Path) -> None:
