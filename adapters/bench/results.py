@@ -190,13 +190,14 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
 
     scaling = table.kind == "scaling"
     t = Table(title=f"bench {table.kind}: {table.env_id} ({_conditions_line(table.conditions)})")
-    for col in ("engine", "workers", "envs/worker", "steps/s median", "min-max", "x raw", "x crossrl"):
-        t.add_column(col, justify="left" if col == "engine" else "right")
+    t.add_column("engine", no_wrap=True, min_width=max((len(r.engine) for r in table.rows), default=6))
+    for col in ("workers", "envs/worker", "steps/s median", "min-max", "x raw", "x crossrl"):
+        t.add_column(col, justify="right", no_wrap=col == "min-max")
     if scaling:
         t.add_column("speedup", justify="right")
         t.add_column("efficiency", justify="right")
     t.add_column("CPUs busy: machine / workers", justify="right")
-    t.add_column("CPU us/step", justify="right")
+    t.add_column("CPU us/step", justify="right")  # the column a reader needs to tell CPU-bound rows
     cores = int(table.conditions.get("machine_cores") or 0)
     bound = [r for r in table.rows if cores and cpu_bound(r, cores)]
     for r in sorted(table.rows, key=lambda r: (r.workers, r.engine)):
