@@ -197,9 +197,9 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
         t.add_column("speedup", justify="right")
         t.add_column("efficiency", justify="right")
     t.add_column("CPUs busy: machine / workers", justify="right")
-    t.add_column("CPU us/step", justify="right")  # the column a reader needs to tell CPU-bound rows
-    cores = int(table.conditions.get("machine_cores") or 0)
-    bound = [r for r in table.rows if cores and cpu_bound(r, cores)]
+    t.add_column("CPU us/step", justify="right")
+    cores = int(table.conditions.get("machine_cores") or 0)  # absent in results from before session 4
+    any_bound = False
     for r in sorted(table.rows, key=lambda r: (r.workers, r.engine)):
         cells = [
             r.engine,
@@ -212,12 +212,14 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
         ]
         if scaling:
             cells += [_fmt(r.speedup, ".2f"), _fmt(None if r.efficiency is None else 100 * r.efficiency, ".0f") + "%"]
+        bound = bool(cores) and cpu_bound(r, cores)
+        any_bound |= bound
         busy = f"{_fmt(r.cpus.get('machine_busy_cpus'), '.2f')} / {_fmt(r.cpus.get('workers_cpus'), '.2f')}"
-        cells += [busy + (" *" if r in bound else ""), _fmt(r.cpus.get("cpu_us_per_step"), ",.0f")]
+        cells += [busy + (" *" if bound else ""), _fmt(r.cpus.get("cpu_us_per_step"), ",.0f")]
         t.add_row(*cells)
     out = console or Console()
     out.print(t)
-    if bound:
+    if any_bound:
         out.print(
             f"* the machine's {cores} cores were >= {CPU_BOUND_SHARE:.0%} busy: CPU-bound, so the figure reflects "
             "CPU per env step (CPU us/step) more than how the contestant coordinates its workers"
