@@ -106,8 +106,8 @@ def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossr
 def _cpu_per_step(r: SamplerResult) -> dict[str, float]:
     """CPU microseconds per env step of the contestant's processes (env-stepping ones and the driver).
 
-    Tells a latency-bound measurement from a CPU-bound one: where a sleep and its wake-up cost a
-    virtual machine ~100 us of CPU, 16 workers stepping a 2 ms latency env already fill 2 cores.
+    Tells a latency-bound measurement from a CPU-bound one: where a 2 ms sleep costs a virtual machine
+    ~80 us of CPU (session 4's host), 16 workers stepping a 2 ms latency env already fill 2 cores.
     """
     cpu = r.cpu or {}
     if "workers_cpus" not in cpu or not r.steps_per_s:
@@ -123,8 +123,9 @@ CPU_BOUND_SHARE = 0.8
 
 
 def cpu_bound(row: SpeedRow, cores: int) -> bool:
+    """Whether ``row`` was timed with the machine's ``cores`` >= CPU_BOUND_SHARE busy (False when unknown: 0)."""
     busy = row.cpus.get("machine_busy_cpus")
-    return busy is not None and busy >= CPU_BOUND_SHARE * cores
+    return cores > 0 and busy is not None and busy >= CPU_BOUND_SHARE * cores
 
 
 def add_scaling(rows: Sequence[SpeedRow]) -> None:
@@ -212,7 +213,7 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
         ]
         if scaling:
             cells += [_fmt(r.speedup, ".2f"), _fmt(None if r.efficiency is None else 100 * r.efficiency, ".0f") + "%"]
-        bound = bool(cores) and cpu_bound(r, cores)
+        bound = cpu_bound(r, cores)
         any_bound |= bound
         busy = f"{_fmt(r.cpus.get('machine_busy_cpus'), '.2f')} / {_fmt(r.cpus.get('workers_cpus'), '.2f')}"
         cells += [busy + (" *" if bound else ""), _fmt(r.cpus.get("cpu_us_per_step"), ",.0f")]
