@@ -275,8 +275,14 @@ class ActorCriticPolicy(Policy):
         if self._np_cache is None:
             w = self.get_weights()
             act = self.model_spec.activation
-            fused = _fuse(_np_layers(w, "pi", act), _np_layers(w, "vf", act))
-            self._np_cache = _NpNet(fused, None if self.discrete else w["log_std"], _augment(fused))
+            augmented = _augment(_fuse(_np_layers(w, "pi", act), _np_layers(w, "vf", act)))
+            # (W^T, b) of each Linear as views of its [W^T; b]: a refresh in place updates both
+            layers: list[_NpLayer] = []
+            for m, fn in augmented:
+                layers.append((m[:-1], m[-1]))
+                if fn is not None:
+                    layers.append(fn)
+            self._np_cache = _NpNet(layers, None if self.discrete else w["log_std"], augmented)
         return self._np_cache
 
     # -- postprocessing ------------------------------------------------------------------------------
@@ -386,6 +392,15 @@ class ActorCriticPolicy(Policy):
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         if self._torch is None:  # a sampling-only copy: keep numpy, never import torch
+            old = self._np_weights
+            if old is not None and self._np_cache is not None and _same_layout(old, weights):
+                # New values for the same arrays, the fused net refreshed in place: an evaluator gets new
+                # weights every iteration, and rebuilding the fused net (~50 numpy calls and fresh
+                # arrays) cost ~1.6 ms per fragment at 16 latency workers on 2 cores, ~25 us per step.
+                for k, v in weights.items():
+                    np.copyto(old[k], v)
+                _write_fused(self._np_cache, old)
+                return
             self._np_weights = {k: np.array(v, np.float32) for k, v in weights.items()}
         else:
             import torch
@@ -399,7 +414,7 @@ _NpLayer = tuple[np.ndarray, np.ndarray] | str
 
 
 class _NpNet(NamedTuple):
-    """The fused actor-critic as numpy arrays, rebuilt after each weight change."""
+    """The fused actor-critic as numpy arrays, rebuilt after a learning step, refreshed in place by set_weights."""
 
     layers: list[_NpLayer]  # (W^T, b) Linears and activation names, outputs [actor's..., value]
     log_std: np.ndarray | None  # Gaussian policies' state-independent log std
@@ -524,6 +539,29 @@ def _fuse(a: list[_NpLayer], b: list[_NpLayer]) -> list[_NpLayer]:
             w[wa.shape[0] :, wa.shape[1] :] = wb
         out.append((w, np.concatenate([ba, bb])))
     return out
+
+
+def _same_layout(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.shape(b[k]) == v.shape for k, v in a.items())
+
+
+def _write_fused(net: _NpNet, weights: Mapping[str, np.ndarray]) -> None:
+    """Write ``weights`` (a ``pi``/``vf`` state dict) into ``net``'s fused ``[W^T; b]`` matrices in place.
+
+    The layout :func:`_fuse` and :func:`_augment` build: the first Linear puts the actor's and the
+    critic's columns side by side on the shared input; later ones are block-diagonal; each bias is
+    the matrix's last row. The zero blocks stay zero.
+    """
+    for j, (m, _) in enumerate(net.augmented):
+        wa, wb = weights[f"pi.{2 * j}.weight"], weights[f"vf.{2 * j}.weight"]  # [out, in]
+        ca, ra = wa.shape
+        rb0 = 0 if j == 0 else ra  # the critic's input rows: shared on the first layer
+        m[:ra, :ca] = wa.T
+        m[rb0 : rb0 + wb.shape[1], ca:] = wb.T
+        m[-1, :ca] = weights[f"pi.{2 * j}.bias"]
+        m[-1, ca:] = weights[f"vf.{2 * j}.bias"]
+    if net.log_std is not None:
+        np.copyto(net.log_std, weights["log_std"])
 
 
 def _np_forward(layers: list[_NpLayer], x: np.ndarray) -> np.ndarray:

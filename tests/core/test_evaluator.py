@@ -217,3 +217,45 @@ def test_a_sampling_only_evaluator_never_imports_torch() -> None:
     code = f"WEIGHTS = {weights!r}\n" + SAMPLING_ONLY
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize(("env_id", "hidden"), [("CartPole-v1", (16, 16)), ("Pendulum-v1", (8, 12, 8))])
+def test_a_sampling_copy_takes_new_weights_in_place_and_acts_like_a_fresh_copy(env_id: str, hidden: tuple[int, ...]) -> None:
+    """Sampling-only policies (torch never built) write new weights into their fused numpy net in place."""
+    alg = load("ppo")
+    env = gym.make(env_id)
+
+    def policy(seed: int):  # noqa: ANN202
+        return alg.policy_cls(
+            observation_space=env.observation_space, action_space=env.action_space,
+            hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]), model=ModelSpec(hidden=hidden), seed=seed,
+        )  # fmt: skip
+
+    rng = np.random.default_rng(0)
+    w1 = policy(1).get_weights()
+    w2 = {k: (v + rng.normal(size=v.shape)).astype(np.float32) for k, v in w1.items()}  # every entry moves
+    obs = rng.normal(size=(5, *env.observation_space.shape)).astype(np.float32)
+    sampler = policy(2)
+    sampler.set_weights(w1)
+    net = sampler._numpy_net()  # built from w1
+    v1 = sampler.value(obs)
+    sampler.set_weights(w2)
+    assert sampler._numpy_net() is net and sampler._torch is None  # refreshed in place, torch never imported
+    fresh = policy(2)
+    fresh.set_weights(w2)
+    np.testing.assert_array_equal(sampler.value(obs), fresh.value(obs))
+    assert not np.allclose(sampler.value(obs), v1)
+    a1, x1 = sampler.compute_actions(obs, explore=False)
+    a2, x2 = fresh.compute_actions(obs, explore=False)
+    np.testing.assert_array_equal(a1, a2)
+    np.testing.assert_array_equal(x1[sb.LOGP], x2[sb.LOGP])
+    acts = [p.fragment_actor(num_steps=2, num_envs=5) for p in (sampler, fresh)]
+    for t in range(2):
+        np.testing.assert_array_equal(acts[0](obs, t), acts[1](obs, t))
+    for k, col in acts[0].columns().items():
+        np.testing.assert_array_equal(col, acts[1].columns()[k], err_msg=k)
+    # and against torch, which learns with these weights
+    learner = policy(3)
+    learner.set_weights(w2)
+    _, _, values = learner.evaluate(torch.as_tensor(obs), torch.as_tensor(a1))  # type: ignore[attr-defined]
+    np.testing.assert_allclose(sampler.value(obs), values.detach().numpy(), rtol=1e-5, atol=1e-5)
