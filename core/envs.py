@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import time
-from typing import Any
+from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
@@ -62,17 +62,16 @@ class SerialVectorEnv(SyncVectorEnv):
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if self._lean:  # SyncVectorEnv's own state, which the lean step does not keep: a reset_mask resets some envs
             self._autoreset_envs = np.array(self._ended, bool)
-            self._env_obs = [row.copy() for row in self._observations]
-        obs, infos = super().reset(seed=seed, options=options)
+            self._env_obs = [row.copy() for row in cast(np.ndarray, self._observations)]
+        out = super().reset(seed=seed, options=options)
         self._ended = [bool(x) for x in self._autoreset_envs]
-        return obs, infos
+        return out
 
-    def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         if not self._lean:
             return super().step(actions)
-        obs, rewards, terms, truncs, ended = (
-            self._observations, self._rewards, self._terminations, self._truncations, self._ended
-        )  # fmt: skip
+        obs = cast(np.ndarray, self._observations)
+        rewards, terms, truncs, ended = self._rewards, self._terminations, self._truncations, self._ended
         for i, env in enumerate(self.envs):
             if ended[i]:
                 obs[i], _ = env.reset()

@@ -59,4 +59,3 @@ def test_make_vector_env_picks_the_native_vector_env_without_latency_and_the_lea
     assert not isinstance(make_vector_env(EnvSpec(id="CartPole-v1"), 2), gym.vector.SyncVectorEnv)
     assert isinstance(make_vector_env(EnvSpec(id="CartPole-v1", step_latency_ms=1.0), 2), SerialVectorEnv)
     assert isinstance(make_vector_env(EnvSpec(id="Pendulum-v1"), 2), SerialVectorEnv)
-

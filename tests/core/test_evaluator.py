@@ -220,7 +220,9 @@ def test_a_sampling_only_evaluator_never_imports_torch() -> None:
 
 
 @pytest.mark.parametrize(("env_id", "hidden"), [("CartPole-v1", (16, 16)), ("Pendulum-v1", (8, 12, 8))])
-def test_a_sampling_copy_takes_new_weights_in_place_and_acts_like_a_fresh_copy(env_id: str, hidden: tuple[int, ...]) -> None:
+def test_a_sampling_copy_takes_new_weights_in_place_and_acts_like_a_fresh_copy(
+    env_id: str, hidden: tuple[int, ...]
+) -> None:
     """Sampling-only policies (torch never built) write new weights into their fused numpy net in place."""
     alg = load("ppo")
     env = gym.make(env_id)
