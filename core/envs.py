@@ -63,7 +63,7 @@ class SerialVectorEnv(SyncVectorEnv):
         if self._lean:  # SyncVectorEnv's own state, which the lean step does not keep: a reset_mask resets some envs
             self._autoreset_envs = np.array(self._ended, bool)
             self._env_obs = [row.copy() for row in cast(np.ndarray, self._observations)]
-        out = super().reset(seed=seed, options=options)
+        out: tuple[Any, dict[str, Any]] = super().reset(seed=seed, options=options)
         self._ended = [bool(x) for x in self._autoreset_envs]
         return out
 
