@@ -404,6 +404,9 @@ def bench_scaling_cmd(
     optimizers: Annotated[str, typer.Option("--optimizers")] = "sync_samples,async_samples",
     seconds: Annotated[float, typer.Option("--seconds")] = 3.0,
     repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 1,
+    fragment: Annotated[
+        int, typer.Option("--fragment", min=1, help="env steps per worker per iteration, every engine and worker count")
+    ] = 64,
     json_out: JsonOut = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
@@ -421,6 +424,7 @@ def bench_scaling_cmd(
         optimizers=tuple(o.strip() for o in optimizers.split(",") if o.strip()),
         seconds=seconds,
         repeat=repeat,
+        fragment=fragment,
         progress=console.print,
     )
     _emit_bench("scaling", table, print_speed_table, json_out=json_out, tracking_uri=tracking_uri,

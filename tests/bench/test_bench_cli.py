@@ -40,3 +40,16 @@ def test_bench_sampling_logs_its_figures_to_the_store(tmp_path: Path) -> None:
     assert metrics["crossrl.w1.ratio_to_raw"] == pytest.approx(crossrl_row["ratio_to_raw"])
     assert metrics["raw.w1.ratio_to_raw"] == pytest.approx(1.0)
     assert metrics["crossrl.w1.workers_cpus"] == pytest.approx(cpus["workers_cpus"])
+
+
+def test_bench_scaling_takes_a_fragment_and_rejects_a_bad_one(tmp_path: Path) -> None:
+    out = tmp_path / "scaling.json"
+    base = [sys.executable, "-m", "crossrl.cli", "bench", "scaling", "--engines", "raw", "--workers", "1,2"]
+    base += ["--env-latency-ms", "1", "--seconds", "0.3", "--no-store"]
+    proc = subprocess.run([*base, "--fragment", "16", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["conditions"]["fragment"] == 16 and data["conditions"]["env_latency_ms"] == 1.0
+    assert {r["workers"] for r in data["rows"]} == {1, 2}
+    bad = subprocess.run([*base, "--fragment", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--fragment" in bad.stdout + bad.stderr and "Traceback" not in bad.stderr
