@@ -61,7 +61,7 @@ def test_autoreset_rows_are_not_transitions_and_truncation_bootstraps_from_final
 
 
 def test_latency_envs_reuse_one_obs_buffer_and_the_batch_still_holds_every_step() -> None:
-    """Latency envs come from SyncVectorEnv(copy=False): each step overwrites one obs buffer in place."""
+    """Latency envs come from SerialVectorEnv: each step overwrites one obs buffer in place."""
     ev = PolicyEvaluator(
         env_spec=EnvSpec(id="CartPole-v1", step_latency_ms=0.01),
         num_envs=2,
