@@ -50,8 +50,8 @@ class SerialVectorEnv(SyncVectorEnv):
     arrays themselves, all overwritten by the next step (callers copy what they keep), and
     returns no infos (crossrl reads none). SyncVectorEnv's generic path (``iterate`` over the batched
     action space, info merging, ``concatenate``, three copies) cost ~50-70 us of CPU per step on the
-    session-5 host with 16 latency workers sharing 2 cores, a quarter of what a latency worker spends
-    per step (``/work/notes/s5/ab.py``).
+    session-5 host with 16 latency workers sharing 2 cores, a quarter of what a latency worker spent
+    per step (README, "What was changed in the core").
     """
 
     def __init__(self, env_fns: Any) -> None:
