@@ -125,6 +125,25 @@ class PolicyEvaluator:
         batch = SampleBatch(cols, time_major=True, episode_returns=ep_returns, episode_lengths=ep_lengths)
         return self.policy.postprocess_trajectory(batch)
 
+    def sample_packed(
+        self,
+        num_steps: int,
+        weights: dict[str, np.ndarray] | bytes | None = None,
+        version: int | None = None,
+        epsilon: float | None = None,
+    ) -> bytes:
+        """:meth:`sample` as remote callers use it: positional arguments in, the batch pickled in-band out
+        (:func:`unpack_batch` reads it back).
+
+        Ray serializes a returned batch's dozen numpy columns one by one, out of band; one pickle of the
+        whole batch is much cheaper on both sides (session 6's host, one actor call with the weights
+        and a 64-step batch: ~1.3 -> ~0.9 ms of the actor's CPU, ~1.2 -> ~0.95 ms of the driver's;
+        README, "What was changed in the core"). Callers pass only the arguments they use: Ray
+        serializes each one.
+        """
+        batch = self.sample(num_steps=num_steps, weights=weights, version=version, epsilon=epsilon)
+        return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+
     def _episode_stats(self, rewards: np.ndarray, valid: np.ndarray, done: np.ndarray) -> tuple[list[float], list[int]]:
         """Returns and lengths of the episodes that ended in this fragment; carries the unfinished ones over."""
         ret_sum = np.cumsum(np.where(valid, rewards, 0.0), axis=0)
@@ -183,6 +202,14 @@ RemoteEvaluator = ray.remote(num_cpus=1)(PolicyEvaluator)
 # latency-bound workers and 36 KiB of weights: inline 164 ms per round, ray.put 171 ms.
 INLINE_WEIGHTS_BYTES = 96 * 1024
 INLINE_WEIGHTS_TOTAL_BYTES = 2 * 1024 * 1024
+
+
+def unpack_batch(packed: bytes) -> SampleBatch:
+    """The batch :meth:`PolicyEvaluator.sample_packed` returned."""
+    batch = pickle.loads(packed)
+    if not isinstance(batch, SampleBatch):
+        raise TypeError(f"unpack_batch: expected a pickled SampleBatch, got {type(batch).__name__}")
+    return batch
 
 
 def pack_weights(weights: dict[str, np.ndarray]) -> bytes:
@@ -310,12 +337,12 @@ class EvaluatorSet:
             return [self.local.sample(num_steps=num_steps, epsilon=epsilon)]
         ref, self._pending_weights = self._pending_weights, None
         # Only the arguments that carry something: Ray serializes each one per call (~30 us apiece here).
-        kwargs: dict[str, Any] = {"num_steps": num_steps}
-        if ref is not None:
-            kwargs.update(weights=ref, version=self.weights_version)
+        args: tuple[Any, ...] = (num_steps,)
+        if ref is not None or epsilon is not None:
+            args += (ref, self.weights_version if ref is not None else None)
         if epsilon is not None:
-            kwargs["epsilon"] = epsilon
-        return self.foreach_remote("sample", **kwargs)
+            args += (epsilon,)
+        return [unpack_batch(b) for b in self.foreach_remote("sample_packed", *args)]
 
     def stop(self) -> None:
         for r in self.remotes:

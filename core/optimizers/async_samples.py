@@ -1,7 +1,7 @@
 """Asynchronous sampling (IMPALA): evaluators sample continuously with possibly stale weights; a learner
 thread consumes a queue of batches; the loss (V-trace) corrects for the policy lag.
 
-The driver thread keeps one ``sample(num_steps=rollout_fragment)`` call in flight per remote, moves
+The driver thread keeps one ``sample_packed(rollout_fragment)`` call in flight per remote, moves
 each finished batch into a bounded queue and relaunches that remote, first sending it the newest
 weights if the learner has updated them (packed once per weight version, see ``weights_payload``).
 The learner thread concatenates fragments into ``train_batch`` env steps and learns. One ``step()`` returns once
@@ -22,7 +22,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from crossrl.core import metrics as M
-from crossrl.core.evaluator import EvaluatorSet, weights_payload
+from crossrl.core.evaluator import EvaluatorSet, unpack_batch, weights_payload
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
 from crossrl.core.sample_batch import SampleBatch, concat
 
@@ -106,10 +106,10 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
             version, ref = self._weights_ref()
         remote = self.evaluators.remotes[i]
         if self._worker_version[i] != version:  # new weights travel in the sample call: one actor call
-            self._in_flight[remote.sample.remote(num_steps=self.fragment, weights=ref, version=version)] = i
+            self._in_flight[remote.sample_packed.remote(self.fragment, ref, version)] = i
             self._worker_version[i] = version
         else:
-            self._in_flight[remote.sample.remote(num_steps=self.fragment)] = i
+            self._in_flight[remote.sample_packed.remote(self.fragment)] = i
 
     def step(self) -> StepStats:
         if not self._started:
@@ -159,12 +159,12 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
             ready += more
         indices = [self._in_flight.pop(r) for r in ready]
         try:
-            batches: list[SampleBatch | None] = list(ray.get(ready))
+            batches: list[SampleBatch | None] = [unpack_batch(b) for b in ray.get(ready)]
         except RayActorError:
             batches = []
             for r in ready:
                 try:
-                    batches.append(ray.get(r))
+                    batches.append(unpack_batch(ray.get(r)))
                 except RayActorError:
                     batches.append(None)
         return list(zip(indices, batches, strict=True))

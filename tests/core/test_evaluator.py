@@ -10,7 +10,7 @@ import torch
 from crossrl.core import sample_batch as sb
 from crossrl.core.algorithms import load
 from crossrl.core.catalog import HYPERPARAM_DEFAULTS
-from crossrl.core.evaluator import PolicyEvaluator, pack_weights
+from crossrl.core.evaluator import PolicyEvaluator, pack_weights, unpack_batch
 from crossrl.core.policy import PolicySpec
 from crossrl.core.sample_batch import SampleBatch, concat
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
@@ -187,6 +187,28 @@ def test_weights_travel_with_the_sample_call_and_are_set_once_per_version() -> N
     ev.sample(num_steps=2, weights=pack_weights(w), version=9)  # packed once for many remotes
     assert ev.weights_version == 9
     np.testing.assert_array_equal(ev.get_weights()["pi.0.bias"], w["pi.0.bias"])
+
+
+def test_the_packed_sample_remotes_return_is_the_same_batch_as_sample() -> None:
+    """``sample_packed`` (what remote callers use: positional arguments, one pickle back) returns exactly
+    what ``sample`` does, episode stats and weights version included; ``unpack_batch`` rejects other payloads."""
+    a, b = evaluator(), evaluator()  # same seed: same env and policy streams
+    w = {k: v + 0.25 for k, v in a.get_weights().items()}
+    for kwargs in ({}, {"weights": pack_weights(w), "version": 4}):
+        want = a.sample(num_steps=40, **kwargs)  # type: ignore[arg-type]
+        got = unpack_batch(b.sample_packed(40, *kwargs.values()))
+        assert isinstance(got, SampleBatch) and got.keys() == want.keys() and got.time_major
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+            assert got[k].dtype == want[k].dtype
+        assert (got.episode_returns, got.episode_lengths) == (want.episode_returns, want.episode_lengths)
+        assert b.weights_version == a.weights_version
+    assert b.weights_version == 4
+    q = evaluator(algorithm="dqn")
+    q.sample_packed(3, None, None, 0.0)  # epsilon travels fourth, with no weights
+    assert q.policy.epsilon == 0.0
+    with pytest.raises(TypeError, match="SampleBatch"):
+        unpack_batch(pack_weights(w))
 
 
 SAMPLING_ONLY = """
