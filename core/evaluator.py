@@ -70,7 +70,6 @@ class PolicyEvaluator:
 
     def sample(
         self,
-        *,
         num_steps: int,
         weights: dict[str, np.ndarray] | bytes | None = None,
         version: int | None = None,
@@ -125,15 +124,9 @@ class PolicyEvaluator:
         batch = SampleBatch(cols, time_major=True, episode_returns=ep_returns, episode_lengths=ep_lengths)
         return self.policy.postprocess_trajectory(batch)
 
-    def sample_packed(
-        self,
-        num_steps: int,
-        weights: dict[str, np.ndarray] | bytes | None = None,
-        version: int | None = None,
-        epsilon: float | None = None,
-    ) -> bytes:
-        """:meth:`sample` as remote callers use it: positional arguments in, the batch pickled in-band out
-        (:func:`unpack_batch` reads it back).
+    def sample_packed(self, *args: Any) -> bytes:
+        """:meth:`sample` as remote callers use it: its arguments positionally (``num_steps, weights, version,
+        epsilon``), the batch pickled in-band out (:func:`unpack_batch` reads it back).
 
         Ray serializes a returned batch's dozen numpy columns one by one, out of band; one pickle of the
         whole batch is much cheaper on both sides (session 6's host, one actor call with the weights
@@ -141,8 +134,7 @@ class PolicyEvaluator:
         README, "What was changed in the core"). Callers pass only the arguments they use: Ray
         serializes each one.
         """
-        batch = self.sample(num_steps=num_steps, weights=weights, version=version, epsilon=epsilon)
-        return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(self.sample(*args), protocol=pickle.HIGHEST_PROTOCOL)
 
     def _episode_stats(self, rewards: np.ndarray, valid: np.ndarray, done: np.ndarray) -> tuple[list[float], list[int]]:
         """Returns and lengths of the episodes that ended in this fragment; carries the unfinished ones over."""
@@ -336,12 +328,9 @@ class EvaluatorSet:
         if not self.remotes:
             return [self.local.sample(num_steps=num_steps, epsilon=epsilon)]
         ref, self._pending_weights = self._pending_weights, None
-        # Only the arguments that carry something: Ray serializes each one per call (~30 us apiece here).
-        args: tuple[Any, ...] = (num_steps,)
-        if ref is not None or epsilon is not None:
-            args += (ref, self.weights_version if ref is not None else None)
-        if epsilon is not None:
-            args += (epsilon,)
+        args = [num_steps, ref, None if ref is None else self.weights_version, epsilon]
+        while args[-1] is None:  # trailing unset arguments stay home: Ray serializes each one (~30 us apiece here)
+            args.pop()
         return [unpack_batch(b) for b in self.foreach_remote("sample_packed", *args)]
 
     def stop(self) -> None:
