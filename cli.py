@@ -53,6 +53,13 @@ def _csv_ints(text: str | None, flag: str) -> list[int] | None:
     return None
 
 
+def _positive_ints(text: str, flag: str) -> list[int]:
+    values = _csv_ints(text, flag) or []
+    if not values or any(v < 1 for v in values):
+        _fail([f"{flag}: {text!r} must be one or more whole numbers >= 1, comma-separated, e.g. 64 or 64,128"])
+    return values
+
+
 def _version(value: bool) -> None:
     if value:
         import crossrl
@@ -405,8 +412,13 @@ def bench_scaling_cmd(
     seconds: Annotated[float, typer.Option("--seconds")] = 3.0,
     repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 1,
     fragment: Annotated[
-        int, typer.Option("--fragment", min=1, help="env steps per worker per iteration, every engine and worker count")
-    ] = 64,
+        str,
+        typer.Option(
+            "--fragment",
+            help="env steps per worker per iteration, every engine and worker count; several (64,128): "
+            "a sweep in the same rounds, efficiency per fragment",
+        ),
+    ] = "64",
     json_out: JsonOut = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
@@ -424,7 +436,7 @@ def bench_scaling_cmd(
         optimizers=tuple(o.strip() for o in optimizers.split(",") if o.strip()),
         seconds=seconds,
         repeat=repeat,
-        fragment=fragment,
+        fragment=tuple(_positive_ints(fragment, "--fragment")),
         progress=console.print,
     )
     _emit_bench("scaling", table, print_speed_table, json_out=json_out, tracking_uri=tracking_uri,

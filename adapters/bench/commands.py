@@ -39,30 +39,33 @@ def _interleaved(
     repeat: int,
     seconds: float,
     warmup_s: float,
-    fragment: int | None,
+    fragments: Sequence[int | None],
     model: ModelSpec,
     progress: Progress | None,
 ) -> list[SamplerResult]:
-    """Round r: for each worker count, every contestant once, in order; ``repeat`` rounds."""
+    """Round r: for each worker count and each fragment (None: :func:`auto_fragment`), every contestant once,
+    in order; ``repeat`` rounds."""
     if repeat < 1:
         raise ValueError(f"bench: repeat={repeat} must be >= 1")
     out = []
     for r in range(repeat):
         for w in workers:
-            for engine, optimizer in contestants:
-                res = measure(
-                    engine,
-                    env_spec=env_spec,
-                    workers=w,
-                    envs_per_worker=envs_per_worker,
-                    model=model,
-                    seconds=seconds,
-                    warmup_s=warmup_s,
-                    fragment=fragment or auto_fragment(w, envs_per_worker),
-                    optimizer=optimizer,
-                )
-                out.append(res)
-                _say(progress, f"round {r + 1}/{repeat}: {res.label} w{w}: {res.steps_per_s[0]:,.0f} steps/s")
+            for fragment in fragments:
+                for engine, optimizer in contestants:
+                    res = measure(
+                        engine,
+                        env_spec=env_spec,
+                        workers=w,
+                        envs_per_worker=envs_per_worker,
+                        model=model,
+                        seconds=seconds,
+                        warmup_s=warmup_s,
+                        fragment=fragment or auto_fragment(w, envs_per_worker),
+                        optimizer=optimizer,
+                    )
+                    out.append(res)
+                    frag = f" fragment {res.fragment}" if len(fragments) > 1 else ""
+                    _say(progress, f"round {r + 1}/{repeat}: {res.label} w{w}{frag}: {res.steps_per_s[0]:,.0f} steps/s")
     return out
 
 
@@ -103,7 +106,7 @@ def bench_sampling(
     results = _interleaved(
         [(e, "sync_samples" if e == "crossrl" else None) for e in engines],
         env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds,
-        warmup_s=warmup_s, fragment=fragment, model=model, progress=progress,
+        warmup_s=warmup_s, fragments=[fragment], model=model, progress=progress,
     )  # fmt: skip
     # sync_samples is crossrl's default sampler here: label it plainly "crossrl".
     for r in results:
@@ -129,11 +132,15 @@ def bench_scaling(
     repeat: int = 1,
     seconds: float = 3.0,
     warmup_s: float = 1.0,
-    fragment: int = 64,
+    fragment: int | Sequence[int] = 64,
     model: ModelSpec = DEFAULT_MODEL,
     progress: Progress | None = None,
 ) -> SpeedTable:
     """Throughput against workers on an env whose step sleeps ``env_latency_ms`` (wall time, no CPU).
+
+    ``fragment``: env steps per worker per iteration, or several (a sweep, interleaved in the same rounds:
+    Ray's cost per sample call is paid once per fragment, so efficiency depends on it); speedup and
+    efficiency are then per fragment.
 
     crossrl is measured once per optimizer in ``optimizers`` (rows "crossrl/<optimizer>"), each
     through the optimizer's own ``step()`` with a no-op learning step; ratios to crossrl use
@@ -145,19 +152,22 @@ def bench_scaling(
     unknown = [e for e in engines if e not in SAMPLING_ENGINES]
     if unknown:
         raise ValueError(f"bench scaling: unknown engine(s) {unknown}; known: {', '.join(SAMPLING_ENGINES)}")
+    fragments = [fragment] if isinstance(fragment, int) else list(dict.fromkeys(fragment))
+    if not fragments or any(f < 1 for f in fragments):
+        raise ValueError(f"bench scaling: fragment {fragment} must be one or more integers >= 1")
     contestants: list[tuple[str, str | None]] = []
     for e in engines:
         contestants += [(e, o) for o in optimizers] if e == "crossrl" else [(e, None)]
     results = _interleaved(
         contestants,
         env_spec=EnvSpec(id=env_id, step_latency_ms=env_latency_ms), workers=sorted(workers),
-        envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds, warmup_s=warmup_s, fragment=fragment,
+        envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds, warmup_s=warmup_s, fragments=fragments,
         model=model, progress=progress,
     )  # fmt: skip
     rows = speed_rows(results, crossrl_label="crossrl/sync_samples")
     add_scaling(rows)
     cond = {"env_latency_ms": env_latency_ms, "seconds": seconds, "warmup_s": warmup_s, "repeat": repeat,
-            "fragment": fragment, "ray_cpus": "max(workers, cores), 1 per actor",
+            "fragment": fragments[0] if len(fragments) == 1 else fragments, "ray_cpus": "max(workers, cores), 1 per actor",
             "machine_cores": os.cpu_count() or 1, "model": model.model_dump(mode="json")}  # fmt: skip
     return SpeedTable(kind="scaling", env_id=env_id, rows=rows, conditions=cond)
 

@@ -35,7 +35,8 @@ class SpeedRow:
     workers: int
     envs_per_worker: int
     samples: list[float]
-    ratio_to_raw: float | None = None  # median / raw's median at the same size, same run
+    fragment: int | None = None  # env steps per env per iteration (None: not recorded)
+    ratio_to_raw: float | None = None  # median / raw's median at the same size and fragment, same run
     ratio_to_crossrl: float | None = None  # median / crossrl's median at the same size, same run
     speedup: float | None = None  # scaling: median / this contestant's median at the fewest workers
     efficiency: float | None = None  # scaling: speedup / (workers / fewest workers)
@@ -60,6 +61,7 @@ class SpeedRow:
             "engine": self.engine,
             "workers": self.workers,
             "envs_per_worker": self.envs_per_worker,
+            "fragment": self.fragment,
             "steps_per_s": {"median": self.median, "min": self.min, "max": self.max, "samples": self.samples},
             "ratio_to_raw": self.ratio_to_raw,
             "ratio_to_crossrl": self.ratio_to_crossrl,
@@ -72,15 +74,15 @@ class SpeedRow:
 
 
 def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossrl") -> list[SpeedRow]:
-    """Group measurements by (contestant, workers) and compute each median's ratios to raw and to crossrl.
+    """Group measurements by (contestant, workers, fragment) and compute each median's ratios to raw and to crossrl.
 
-    Ratios are of medians measured in the same run at the same workers x envs per worker; a ratio is
-    None when its reference was not measured.
+    Ratios are of medians measured in the same run at the same workers x envs per worker and fragment; a
+    ratio is None when its reference was not measured.
     """
-    grouped: dict[tuple[str, int, int], list[float]] = {}
-    cpus: dict[tuple[str, int, int], dict[str, list[float]]] = {}
+    grouped: dict[tuple[str, int, int, int | None], list[float]] = {}
+    cpus: dict[tuple[str, int, int, int | None], dict[str, list[float]]] = {}
     for r in results:
-        key = (r.label, r.workers, r.envs_per_worker)
+        key = (r.label, r.workers, r.envs_per_worker, r.fragment)
         grouped.setdefault(key, []).extend(r.steps_per_s)
         for name, value in {**(r.cpu or {}), **_cpu_per_step(r)}.items():
             cpus.setdefault(key, {}).setdefault(name, []).append(value)
@@ -89,15 +91,16 @@ def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossr
             engine=k[0],
             workers=k[1],
             envs_per_worker=k[2],
+            fragment=k[3],
             samples=v,
             cpus={name: float(statistics.median(xs)) for name, xs in cpus.get(k, {}).items()},
         )
         for k, v in grouped.items()
         if v
     ]
-    ref = {(row.engine, row.workers, row.envs_per_worker): row.median for row in rows}
+    ref = {(row.engine, row.workers, row.envs_per_worker, row.fragment): row.median for row in rows}
     for row in rows:
-        size = (row.workers, row.envs_per_worker)
+        size = (row.workers, row.envs_per_worker, row.fragment)
         row.ratio_to_raw = _ratio(row.median, ref.get(("raw", *size)))
         row.ratio_to_crossrl = _ratio(row.median, ref.get((crossrl_label, *size)))
     return rows
@@ -129,13 +132,15 @@ def cpu_bound(row: SpeedRow, cores: int) -> bool:
 
 
 def add_scaling(rows: Sequence[SpeedRow]) -> None:
-    """Set speedup and parallel efficiency of each row against the same contestant's fewest-workers row."""
-    base: dict[str, SpeedRow] = {}
+    """Set speedup and parallel efficiency of each row against the same contestant's fewest-workers row at
+    the same fragment."""
+    base: dict[tuple[str, int | None], SpeedRow] = {}
     for row in rows:
-        if row.engine not in base or row.workers < base[row.engine].workers:
-            base[row.engine] = row
+        key = (row.engine, row.fragment)
+        if key not in base or row.workers < base[key].workers:
+            base[key] = row
     for row in rows:
-        b = base[row.engine]
+        b = base[row.engine, row.fragment]
         row.speedup = _ratio(row.median, b.median)
         row.efficiency = row.speedup / (row.workers / b.workers) if row.speedup is not None else None
 
@@ -149,20 +154,30 @@ class SpeedTable:
     rows: list[SpeedRow]
     conditions: dict[str, Any] = field(default_factory=dict)  # seconds, repeat, fragment, latency, model...
 
-    def row(self, engine: str, workers: int) -> SpeedRow:
+    def row(self, engine: str, workers: int, fragment: int | None = None) -> SpeedRow:
+        """The row of ``engine`` at ``workers`` (and ``fragment``, where the table has several)."""
         for r in self.rows:
-            if r.engine == engine and r.workers == workers:
+            if r.engine == engine and r.workers == workers and fragment in (None, r.fragment):
                 return r
-        raise KeyError(f"no row for {engine} at {workers} workers")
+        raise KeyError(f"no row for {engine} at {workers} workers" + (f", fragment {fragment}" if fragment else ""))
+
+    @property
+    def fragment_sweep(self) -> bool:
+        """Whether some contestant was timed at one worker count with several fragments (``bench scaling
+        --fragment 64,128``): then rows are told apart by fragment too."""
+        seen = [(r.engine, r.workers, r.envs_per_worker) for r in self.rows]
+        return len(seen) != len(set(seen))
 
     def to_dict(self) -> dict[str, Any]:
         return {"env_id": self.env_id, "conditions": self.conditions, "rows": [r.to_dict() for r in self.rows]}
 
     def metrics(self) -> dict[str, float]:
-        """Flat figures for the store, e.g. ``crossrl.w2.steps_per_s`` (median) and ``crossrl.w2.ratio_to_raw``."""
+        """Flat figures for the store, e.g. ``crossrl.w2.steps_per_s`` (median) and ``crossrl.w2.ratio_to_raw``;
+        in a fragment sweep ``crossrl.f128.w2.steps_per_s``."""
         out: dict[str, float] = {}
+        sweep = self.fragment_sweep
         for r in self.rows:
-            key = f"{r.engine}.w{r.workers}"
+            key = f"{r.engine}.f{r.fragment}.w{r.workers}" if sweep else f"{r.engine}.w{r.workers}"
             figures = {
                 "steps_per_s": r.median,
                 "steps_per_s_min": r.min,
@@ -192,6 +207,9 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
     scaling = table.kind == "scaling"
     t = Table(title=f"bench {table.kind}: {table.env_id} ({_conditions_line(table.conditions)})")
     t.add_column("engine", no_wrap=True, min_width=max((len(r.engine) for r in table.rows), default=6))
+    sweep = table.fragment_sweep
+    if sweep:
+        t.add_column("fragment", justify="right")
     for col in ("workers", "envs/worker", "steps/s median", "min-max", "x raw", "x crossrl"):
         t.add_column(col, justify="right", no_wrap=col == "min-max")
     if scaling:
@@ -201,9 +219,10 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
     t.add_column("CPU us/step", justify="right")
     cores = int(table.conditions.get("machine_cores") or 0)  # absent in results from before session 4
     any_bound = False
-    for r in sorted(table.rows, key=lambda r: (r.workers, r.engine)):
+    for r in sorted(table.rows, key=lambda r: ((r.fragment or 0) if sweep else 0, r.workers, r.engine)):
         cells = [
             r.engine,
+            *([str(r.fragment)] if sweep else []),
             str(r.workers),
             str(r.envs_per_worker),
             f"{r.median:,.0f}",

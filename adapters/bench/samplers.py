@@ -43,6 +43,7 @@ class SamplerResult:
     info: dict[str, Any] = field(default_factory=dict)
     peak_rss_mb: list[float] | None = None  # per env-stepping process (MiB), when asked for
     cpu: dict[str, float] | None = None  # CPUs in use while timed: machine_busy_cpus, workers_cpus, driver_cpus
+    fragment: int | None = None  # env steps per env per iteration it was timed with
 
     @property
     def label(self) -> str:
@@ -105,6 +106,7 @@ def measure(
         info=result.get("info", {}),
         peak_rss_mb=result.get("peak_rss_mb"),
         cpu=result.get("cpu"),
+        fragment=fragment,
     )
 
 

@@ -50,6 +50,24 @@ def test_bench_scaling_takes_a_fragment_and_rejects_a_bad_one(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     assert data["conditions"]["fragment"] == 16 and data["conditions"]["env_latency_ms"] == 1.0
-    assert {r["workers"] for r in data["rows"]} == {1, 2}
-    bad = subprocess.run([*base, "--fragment", "0"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "--fragment" in bad.stdout + bad.stderr and "Traceback" not in bad.stderr
+    assert {(r["workers"], r["fragment"]) for r in data["rows"]} == {(1, 16), (2, 16)}
+    for flag in ("0", "16,x", "8,-1"):
+        bad = subprocess.run([*base, "--fragment", flag], capture_output=True, text=True, timeout=120)
+        assert bad.returncode != 0 and "--fragment" in bad.stdout + bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_bench_scaling_sweeps_fragments_in_one_run(tmp_path: Path) -> None:
+    out = tmp_path / "sweep.json"
+    cmd = [sys.executable, "-m", "crossrl.cli", "bench", "scaling", "--engines", "raw", "--workers", "1,2"]
+    cmd += ["--env-latency-ms", "1", "--seconds", "0.3", "--no-store", "--fragment", "8,32", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert data["conditions"]["fragment"] == [8, 32]
+    rows = {(r["workers"], r["fragment"]): r for r in data["rows"]}
+    assert set(rows) == {(1, 8), (2, 8), (1, 32), (2, 32)}
+    for f in (8, 32):  # each fragment's 2-worker row scales against its own 1-worker row
+        assert rows[2, f]["speedup"] == pytest.approx(
+            rows[2, f]["steps_per_s"]["median"] / rows[1, f]["steps_per_s"]["median"]
+        )
+    assert "fragment 32" in proc.stdout  # the progress lines say which fragment each measurement had

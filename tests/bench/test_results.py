@@ -77,6 +77,46 @@ def test_scaling_speedup_and_efficiency_per_contestant() -> None:
     assert metrics["rllib.w2.steps_per_s"] == 300.0 and "rllib.w2.ratio_to_raw" not in metrics  # no raw row
 
 
+def test_a_fragment_sweep_scales_each_fragment_against_its_own_base() -> None:
+    from rich.console import Console
+
+    def at(engine: str, workers: int, fragment: int, x: float, optimizer: str | None = None) -> SamplerResult:
+        r = _r(engine, workers, x, optimizer=optimizer)
+        r.fragment = fragment
+        return r
+
+    results = [
+        at("raw", 1, 64, 400.0), at("crossrl", 1, 64, 380.0, "sync_samples"),
+        at("raw", 1, 128, 420.0), at("crossrl", 1, 128, 400.0, "sync_samples"),
+        at("raw", 16, 64, 6000.0), at("crossrl", 16, 64, 4560.0, "sync_samples"),
+        at("raw", 16, 128, 6300.0), at("crossrl", 16, 128, 5760.0, "sync_samples"),
+    ]  # fmt: skip
+    rows = speed_rows(results, crossrl_label="crossrl/sync_samples")
+    add_scaling(rows)
+    by = {(r.engine, r.workers, r.fragment): r for r in rows}
+    assert len(rows) == 8  # a row per contestant, worker count and fragment: nothing merged across fragments
+    assert by["crossrl/sync_samples", 16, 64].efficiency == pytest.approx(4560 / 16 / 380)  # 75 %
+    assert by["crossrl/sync_samples", 16, 128].efficiency == pytest.approx(5760 / 16 / 400)  # 90 %
+    assert by["raw", 16, 128].efficiency == pytest.approx(6300 / 16 / 420)
+    # ratios compare the same fragment only
+    assert by["crossrl/sync_samples", 16, 64].ratio_to_raw == pytest.approx(4560 / 6000)
+    assert by["crossrl/sync_samples", 16, 128].ratio_to_raw == pytest.approx(5760 / 6300)
+    table = SpeedTable(kind="scaling", env_id="CartPole-v1", rows=rows)
+    assert table.fragment_sweep and table.row("crossrl/sync_samples", 16, 128).median == 5760
+    metrics = table.metrics()
+    assert metrics["crossrl/sync_samples.f128.w16.efficiency"] == pytest.approx(0.9)
+    assert metrics["crossrl/sync_samples.f64.w16.efficiency"] == pytest.approx(0.75)
+    assert not any(k.startswith("crossrl/sync_samples.w16.") for k in metrics)  # ambiguous in a sweep
+    assert {r["fragment"] for r in table.to_dict()["rows"]} == {64, 128}
+    con = Console(record=True, width=250)
+    print_speed_table(table, console=con)
+    text = con.export_text()
+    assert "fragment" in text and "90%" in text and "75%" in text
+    # One fragment (or one per worker count, as bench sampling's auto fragments): the names stay as they were.
+    single = SpeedTable(kind="scaling", env_id="CartPole-v1", rows=[r for r in rows if r.fragment == 64])
+    assert not single.fragment_sweep and "crossrl/sync_samples.w16.efficiency" in single.metrics()
+
+
 def test_sampling_json_has_the_documented_fields(tmp_path: Path) -> None:
     table = SpeedTable(kind="sampling", env_id="CartPole-v1", rows=_sampling_rows(), conditions={"seconds": 3.0})
     doc = json.loads(table.to_json(tmp_path / "out" / "s.json").read_text())
