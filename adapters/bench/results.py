@@ -37,7 +37,7 @@ class SpeedRow:
     samples: list[float]
     fragment: int | None = None  # env steps per env per iteration (None: not recorded)
     ratio_to_raw: float | None = None  # median / raw's median at the same size and fragment, same run
-    ratio_to_crossrl: float | None = None  # median / crossrl's median at the same size, same run
+    ratio_to_crossrl: float | None = None  # median / crossrl's median at the same size and fragment, same run
     speedup: float | None = None  # scaling: median / this contestant's median at the fewest workers
     efficiency: float | None = None  # scaling: speedup / (workers / fewest workers)
     # medians over measurements of the CPUs in use while timed (CpuMeter) and of cpu_us_per_step
