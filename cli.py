@@ -33,8 +33,9 @@ def _console() -> Any:
 
     from rich.console import Console
 
-    # Piped or captured output (CI logs, `| tee`) gets a width that fits the bench and summary tables.
-    return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 160)
+    # Piped or captured output (CI logs, `| tee`) gets a width that fits the bench and summary tables (a
+    # `bench scaling` fragment sweep's, with its fragment column, is the widest: ~175 columns).
+    return Console(stderr=False, highlight=False, width=None if sys.stdout.isatty() else 180)
 
 
 def _fail(problems: list[str], code: int = 2) -> None:
