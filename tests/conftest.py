@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -16,6 +17,11 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["MLFLOW_DISABLE_TELEMETRY"] = "true"
 os.environ["DO_NOT_TRACK"] = "1"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The temp HOME goes with the session (Ray and MLflow clients have stopped by now)."""
+    shutil.rmtree(_HOME, ignore_errors=True)
 
 
 @pytest.fixture
