@@ -437,7 +437,7 @@ def bench_scaling_cmd(
         optimizers=tuple(o.strip() for o in optimizers.split(",") if o.strip()),
         seconds=seconds,
         repeat=repeat,
-        fragment=tuple(_positive_ints(fragment, "--fragment")),
+        fragments=_positive_ints(fragment, "--fragment"),
         progress=console.print,
     )
     _emit_bench("scaling", table, print_speed_table, json_out=json_out, tracking_uri=tracking_uri,

@@ -132,13 +132,13 @@ def bench_scaling(
     repeat: int = 1,
     seconds: float = 3.0,
     warmup_s: float = 1.0,
-    fragment: int | Sequence[int] = 64,
+    fragments: Sequence[int] = (64,),
     model: ModelSpec = DEFAULT_MODEL,
     progress: Progress | None = None,
 ) -> SpeedTable:
     """Throughput against workers on an env whose step sleeps ``env_latency_ms`` (wall time, no CPU).
 
-    ``fragment``: env steps per worker per iteration, or several (a sweep, interleaved in the same rounds:
+    ``fragments``: env steps per worker per iteration; several make a sweep (interleaved in the same rounds:
     Ray's cost per sample call is paid once per fragment, so efficiency depends on it); speedup and
     efficiency are then per fragment.
 
@@ -152,9 +152,9 @@ def bench_scaling(
     unknown = [e for e in engines if e not in SAMPLING_ENGINES]
     if unknown:
         raise ValueError(f"bench scaling: unknown engine(s) {unknown}; known: {', '.join(SAMPLING_ENGINES)}")
-    fragments = [fragment] if isinstance(fragment, int) else list(dict.fromkeys(fragment))
+    fragments = list(dict.fromkeys(fragments))  # a repeated value is measured once
     if not fragments or any(f < 1 for f in fragments):
-        raise ValueError(f"bench scaling: fragment {fragment} must be one or more integers >= 1")
+        raise ValueError(f"bench scaling: fragments {fragments} must be one or more integers >= 1")
     contestants: list[tuple[str, str | None]] = []
     for e in engines:
         contestants += [(e, o) for o in optimizers] if e == "crossrl" else [(e, None)]
