@@ -79,10 +79,11 @@ def _main(
 
 
 def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
+    from crossrl.adapters.registry import engine_ids
     from crossrl.scenarios.loader import SpecError, load
 
     try:
-        return load(spec, overrides=overrides)
+        return load(spec, overrides=overrides, engines=engine_ids())
     except SpecError as e:
         _fail(e.problems)
 
@@ -90,7 +91,7 @@ def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
 @app.command()
 def validate(spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")]) -> None:
     """Check a scenario spec: fields, values, env id, and what each engine can run."""
-    from crossrl.scenarios.loader import unsupported
+    from crossrl.adapters.registry import unsupported
 
     scenario, path = _load(spec)
     trials = scenario.trials()
@@ -107,10 +108,10 @@ def scenarios() -> None:
     """List the built-in scenarios."""
     from rich.table import Table
 
-    from crossrl.scenarios.loader import catalog, load
+    from crossrl.scenarios.loader import builtin, load
 
     table = Table("name", "algorithm", "env", "engines", "workers", "seeds", "env steps")
-    for name in catalog():
+    for name in builtin():
         s, _ = load(name)
         table.add_row(
             name,
@@ -123,7 +124,7 @@ def scenarios() -> None:
         )
     console = _console()
     console.print(table)
-    for name, path in catalog().items():
+    for name, path in builtin().items():
         s, _ = load(str(path))
         console.print(f"[bold]{name}[/bold]: {' '.join(s.description.split())}")
 
@@ -134,7 +135,7 @@ def engines() -> None:
     from rich.table import Table
 
     from crossrl.adapters.registry import engines as all_engines
-    from crossrl.core.catalog import ALGORITHMS
+    from crossrl.scenarios.catalog import ALGORITHMS
 
     infos = all_engines()
     table = Table("algorithm", *infos, show_lines=True)
@@ -168,10 +169,12 @@ def run(
     report_dir: Annotated[Path | None, typer.Option("-o", "--report-dir", help="where the report goes")] = None,
 ) -> None:
     """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
+    from crossrl.adapters.registry import require_supported
     from crossrl.adapters.runner import run_scenario
     from crossrl.reports.console import RunDisplay
     from crossrl.reports.store import ResultsStore, StoreError
-    from crossrl.scenarios.loader import SpecError, require_supported
+    from crossrl.scenarios import metrics as M
+    from crossrl.scenarios.loader import SpecError
 
     overrides: dict[str, Any] = {}
     if engines_:
@@ -215,7 +218,7 @@ def run(
         )
     if outcome.interrupted:
         raise typer.Exit(130)
-    if any(r.status in ("FAILED", "TIMEOUT") for r in outcome.results):
+    if any(r.status in (M.FAILED, M.TIMEOUT) for r in outcome.results):
         raise typer.Exit(1)
 
 

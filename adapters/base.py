@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
 
@@ -75,7 +75,7 @@ class MetricSink:
         """Record one iteration. ``env_steps_*`` are cumulative; episodes are those completed since the last call.
 
         ``values`` carries the other common metrics the engine knows (losses, entropy, timings,
-        ``worker_restarts``), already translated to the names in :mod:`crossrl.core.metrics`.
+        ``worker_restarts``), already translated to the names in :mod:`crossrl.scenarios.metrics`.
         """
         now = time.perf_counter()
         dt = max(now - self._last_t, 1e-9)
@@ -83,7 +83,7 @@ class MetricSink:
         out: dict[str, float] = {}
         for k, v in (values or {}).items():
             if k not in M.POINT_METRICS:
-                raise KeyError(f"{k!r} is not a common metric name (crossrl.core.metrics)")
+                raise KeyError(f"{k!r} is not a common metric name (crossrl.scenarios.metrics)")
             if v is not None and math.isfinite(float(v)):
                 out[k] = float(v)
         out[M.ENV_STEPS_SAMPLED] = float(env_steps_sampled)

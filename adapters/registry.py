@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from crossrl.core.catalog import ALGORITHMS
+from crossrl.scenarios.catalog import ALGORITHMS, ENGINES
+from crossrl.scenarios.loader import SpecError
+from crossrl.scenarios.spec import Trial
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ BUILTIN: dict[str, EngineInfo] = {
 }
 
 
+assert tuple(BUILTIN) == ENGINES, "scenarios/catalog.py ENGINES and the registry's built-in engines differ"
+
+
 def _extra_engines() -> dict[str, EngineInfo]:
     spec = os.environ.get("CROSSRL_EXTRA_ENGINES", "").strip()
     out: dict[str, EngineInfo] = {}
@@ -112,3 +118,25 @@ def load_target(target: str) -> type:
 def load_adapter(engine_id: str):  # -> Adapter
     """Import the engine's adapter module (heavy) and return an instance."""
     return load_target(engines()[engine_id].target)()
+
+
+def unsupported(trials: Iterable[Trial]) -> list[tuple[Trial, str]]:
+    """Trials an engine cannot run, with the reason and what the engine supports."""
+    infos = engines()
+    out = []
+    for t in trials:
+        info = infos[t.engine]
+        reason = info.reason_unsupported(t.algorithm)
+        if reason:
+            out.append((t, f"{reason}; {t.engine} supports: {', '.join(info.supported)}"))
+    return out
+
+
+def require_supported(trials: Iterable[Trial]) -> None:
+    """Raise SpecError listing every trial an engine cannot run (before anything starts)."""
+    bad = unsupported(trials)
+    if bad:
+        raise SpecError(
+            [f"{t.name}: {reason}" for t, reason in bad]
+            + ["(run with --skip-unsupported to record these trials as SKIPPED and run the others)"]
+        )

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from crossrl.adapters.base import MetricSink
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import EnvSpec, Trial
 
 ENGINE_ID: Final = "rllib"

@@ -26,10 +26,10 @@ from typing import Any
 
 import psutil
 
-from crossrl.core import metrics as M
+from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.core.cluster import LOCAL_RAY_ENV
 from crossrl.reports.store import ResultsStore
-from crossrl.scenarios.loader import require_supported, unsupported
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 FLUSH_EVERY_S = 5.0  # buffered points reach the store at least this often
@@ -167,7 +167,7 @@ def child_env() -> dict[str, str]:
 
 def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progress, log_dir: Path) -> TrialResult:
     """One trial in a child process; the store always ends with the trial's status and what it logged."""
-    result = TrialResult(trial=trial, run_id=run_id, status="FAILED")
+    result = TrialResult(trial=trial, run_id=run_id, status=M.FAILED)
     log_path = log_dir / f"{trial.name}.log"
     read_fd, write_fd = os.pipe()
     t0 = time.perf_counter()
@@ -229,7 +229,7 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
         while not eof:
             if time.perf_counter() > deadline:
                 meter.kill_all()
-                result.status = "TIMEOUT"
+                result.status = M.TIMEOUT
                 result.reason = f"wall-clock budget of {trial.budget.wall_seconds:g} s exceeded"
                 break
             for _key, _ in sel.select(timeout=0.5):
@@ -254,15 +254,15 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
                 meter.kill_all()
                 code = proc.wait()
             if done and code == 0:
-                result.status = "FINISHED"
+                result.status = M.FINISHED
             elif error is not None:
-                result.status, result.reason = "FAILED", error["error"]
+                result.status, result.reason = M.FAILED, error["error"]
             else:
-                result.status = "FAILED"
+                result.status = M.FAILED
                 result.reason = f"trial process exited with code {code} without reporting an error (crash?)"
     except KeyboardInterrupt:
         meter.kill_all()
-        result.status, result.reason = "KILLED", "interrupted (Ctrl-C)"
+        result.status, result.reason = M.KILLED, "interrupted (Ctrl-C)"
         raise
     finally:
         sel.close()
@@ -341,8 +341,8 @@ def run_scenario(
         for index, trial in enumerate(trials):
             run_id = store.start_trial(parent_id, trial, spec=spec)
             if trial.name in bad:
-                store.finish_trial(run_id, status="SKIPPED", reason=bad[trial.name])
-                result = TrialResult(trial=trial, run_id=run_id, status="SKIPPED", reason=bad[trial.name])
+                store.finish_trial(run_id, status=M.SKIPPED, reason=bad[trial.name])
+                result = TrialResult(trial=trial, run_id=run_id, status=M.SKIPPED, reason=bad[trial.name])
                 outcome.results.append(result)
                 notify("trial_end", {"result": result})
                 continue
@@ -351,13 +351,13 @@ def run_scenario(
                 outcome.results.append(_run_one(trial, store=store, run_id=run_id, progress=notify, log_dir=Path(tmp)))
             except KeyboardInterrupt:
                 outcome.results.append(
-                    TrialResult(trial=trial, run_id=run_id, status="KILLED", reason="interrupted (Ctrl-C)")
+                    TrialResult(trial=trial, run_id=run_id, status=M.KILLED, reason="interrupted (Ctrl-C)")
                 )
                 outcome.interrupted = True
                 break
     if not outcome.interrupted:
         _log_raw_speed(store, parent_id, spec, step=1)
-    status = "KILLED" if outcome.interrupted else "FINISHED"
+    status = M.KILLED if outcome.interrupted else M.FINISHED
     store.finish_parent(parent_id, status=status, counts=outcome.counts())
     return outcome
 

@@ -26,9 +26,9 @@ from torchrl.envs import Compose, EnvBase, GymWrapper, RewardSum, SerialEnv, Ste
 
 from crossrl.adapters.base import MetricSink
 from crossrl.adapters.torchrl_algos import build_learner
-from crossrl.core import metrics as M
-from crossrl.core.catalog import HYPERPARAM_DEFAULTS
 from crossrl.core.envs import make_env
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import EnvSpec, Trial
 
 ON_POLICY_SYNC = ("ppo", "a2c")

@@ -23,8 +23,8 @@ from torchrl.modules import EGreedyModule, ProbabilisticActor, QValueActor, Valu
 from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, ValueEstimators
 from torchrl.objectives.value import GAE, VTrace
 
-from crossrl.core import metrics as M
 from crossrl.core.models import build_mlp, count_params
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
 OBS_KEY = "observation"

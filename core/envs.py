@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any, cast
 
@@ -10,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from crossrl.scenarios.loader import registered_spec
 from crossrl.scenarios.spec import EnvSpec
 
 
@@ -23,14 +23,6 @@ class StepLatency(gym.Wrapper):
     def step(self, action: Any):  # type: ignore[override]
         time.sleep(self._latency_s)
         return self.env.step(action)
-
-
-def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The registry entry for ``env_id``; ``module:Id`` imports ``module`` first (as gymnasium.make does)."""
-    module, sep, name = env_id.rpartition(":")
-    if sep:
-        importlib.import_module(module)
-    return gym.spec(name)
 
 
 def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:

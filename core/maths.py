@@ -220,3 +220,12 @@ def vtrace(
     vs_next = chain * vs_next + (1.0 - chain) * nv
     pg_adv = np.where(ok, rho * (r + gamma * not_term * vs_next - v), 0.0)
     return np.where(ok, vs, v), pg_adv
+
+
+def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
+    """Key-wise mean of learner stats dicts (minibatches, learner steps, workers' gradient infos).
+
+    Every key any dict has is averaged over the dicts that have it; an empty list gives ``{}``.
+    """
+    keys = dict.fromkeys(k for s in stats for k in s)  # first-seen order
+    return {k: float(np.mean([s[k] for s in stats if k in s])) for k in keys}

@@ -39,7 +39,7 @@ class Policy(abc.ABC):
     """Abstract policy graph. Subclasses keep this constructor signature (evaluators build them by keyword).
 
     ``hyperparams`` are the trial's resolved hyperparameters (crossrl's shared names, see
-    :mod:`crossrl.core.catalog`) plus the algorithm module's extra defaults.
+    :mod:`crossrl.scenarios.catalog`) plus the algorithm module's extra defaults.
     """
 
     def __init__(
@@ -72,7 +72,7 @@ class Policy(abc.ABC):
 
     @abc.abstractmethod
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """Scalar loss to minimise and stats (metric names from :mod:`crossrl.core.metrics` where they apply)."""
+        """Scalar loss to minimise and stats (metric names from :mod:`crossrl.scenarios.metrics` where they apply)."""
 
     @abc.abstractmethod
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
@@ -330,14 +330,14 @@ class ActorCriticPolicy(Policy):
         epochs = int(self.hp.get("epochs") or 1)
         if not self.use_gae:
             stats = [self._sgd_step(self.to_tensors(batch)) for _ in range(epochs)]
-            return _mean_stats(stats)
+            return maths.mean_stats(stats)
         flat = batch.flatten()
         size = int(self.hp.get("minibatch") or flat.num_env_steps())
         stats = []
         for _ in range(epochs):
             for mb in flat.minibatches(size=size, rng=self.rng):
                 stats.append(self._sgd_step(self.to_tensors(mb)))
-        return _mean_stats(stats)
+        return maths.mean_stats(stats)
 
     def _sgd_step(self, tensors: dict[str, torch.Tensor]) -> dict[str, float]:
         loss, stats = self.loss(tensors)
@@ -567,9 +567,3 @@ def next_values_from(batch: SampleBatch, bootstrap: np.ndarray) -> np.ndarray:
     """
     values = batch[sb.VF_PREDS]
     return np.concatenate([values[1:], bootstrap[None].astype(values.dtype)], axis=0)
-
-
-def _mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    if not stats:
-        return {}
-    return {k: float(np.mean([s[k] for s in stats if k in s])) for k in stats[0]}

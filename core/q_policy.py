@@ -23,11 +23,11 @@ from torch import nn
 from torch.nn import functional as F
 
 from crossrl.core import maths
-from crossrl.core import metrics as M
 from crossrl.core import sample_batch as sb
 from crossrl.core.models import build_mlp
 from crossrl.core.policy import Policy, _np_forward, _np_layers, _NpLayer
 from crossrl.core.sample_batch import SampleBatch
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ModelSpec
 
 # The flat columns a replay buffer stores: what the TD loss reads (plus priorities on the way in).

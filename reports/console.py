@@ -8,10 +8,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec
 
-_STYLE = {"FINISHED": "green", "FAILED": "red", "TIMEOUT": "yellow", "KILLED": "magenta", "SKIPPED": "dim"}
+_STYLE = {M.FINISHED: "green", M.FAILED: "red", M.TIMEOUT: "yellow", M.KILLED: "magenta", M.SKIPPED: "dim"}
 
 
 class RunDisplay:
@@ -67,7 +67,7 @@ class RunDisplay:
                 style = _STYLE.get(result.status, "")
                 self.progress.update(self._task, info=f"[{style}]{result.status}[/{style}] {result.reason[:60]}")
                 self._task = None
-            elif result.status == "SKIPPED":
+            elif result.status == M.SKIPPED:
                 self.console.print(f"[dim]SKIPPED {result.trial.name}: {result.reason}[/dim]")
 
     def summary(self, outcome: Any, store: Any) -> None:

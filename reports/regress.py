@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from crossrl.core import metrics as M
 from crossrl.reports.stats import iqm, stratified_bootstrap_ci
 from crossrl.reports.store import Loaded
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import RegressSpec
 
 SCHEMA_VERSION = 1
@@ -60,7 +60,7 @@ def summarize_run(loaded: Loaded) -> dict[str, dict[str, list[float | None]]]:
     raw = loaded.meta.get(M.RAW_ENV_STEPS_PER_S, math.nan)
     thr = loaded.points[loaded.points.metric == M.SAMPLE_THROUGHPUT].groupby("run_id").value.median()
     out: dict[str, dict[str, list[float | None]]] = {}
-    finished = loaded.trials[loaded.trials.status == "FINISHED"]
+    finished = loaded.trials[loaded.trials.status == M.FINISHED]
     for row in finished.sort_values("seed").to_dict("records"):
         entry = out.setdefault(
             _key(row["engine"], row["algorithm"], row["workers"]),

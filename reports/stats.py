@@ -21,13 +21,14 @@ import pandas as pd
 from numpy.typing import ArrayLike, NDArray
 from scipy.stats import trim_mean
 
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import ENGINES
 
 CONFIDENCE = 0.95
 BOOTSTRAP_REPS = 2000
 GRID_POINTS = 100
-COUNTED_STATUS = "FINISHED"
-ENGINE_ORDER = ("crossrl", "rllib", "torchrl")
+COUNTED_STATUS = M.FINISHED
+ENGINE_ORDER = ENGINES
 
 Stat = Callable[[NDArray[np.float64]], NDArray[np.float64]]  # reduces the last axis
 

@@ -32,7 +32,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 import crossrl
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 DEFAULT_RESULTS_DIR = Path("crossrl-results")
@@ -40,14 +40,13 @@ HISTORY_ARTIFACT = "metrics.csv"
 NATIVE_CONFIG_ARTIFACT = "native_config.json"
 SPEC_ARTIFACT = "spec.json"
 
-# Our statuses, and the MLflow run status each maps to (the `status` tag keeps ours exactly).
-STATUSES = ("FINISHED", "FAILED", "KILLED", "TIMEOUT", "SKIPPED")
+# The MLflow run status each of our statuses maps to (the `status` tag keeps ours exactly).
 _MLFLOW_STATUS = {
-    "FINISHED": "FINISHED",
-    "FAILED": "FAILED",
-    "KILLED": "KILLED",
-    "TIMEOUT": "KILLED",
-    "SKIPPED": "KILLED",
+    M.FINISHED: "FINISHED",
+    M.FAILED: "FAILED",
+    M.KILLED: "KILLED",
+    M.TIMEOUT: "KILLED",
+    M.SKIPPED: "KILLED",
 }
 _TRIAL_TAGS = ("engine", "engine_version", "algorithm", "optimizer", "workers", "envs_per_worker", "seed")
 
@@ -228,8 +227,8 @@ class ResultsStore:
         history: Sequence[tuple[int, Mapping[str, float]]] = (),
         last_step: int = 0,
     ) -> None:
-        if status not in STATUSES:
-            raise ValueError(f"status {status!r} is not one of {STATUSES}")
+        if status not in M.STATUSES:
+            raise ValueError(f"status {status!r} is not one of {M.STATUSES}")
         final = {k: float(v) for k, v in (summary or {}).items() if v is not None and math.isfinite(v)}
         if final:
             self.log_points(run_id, [(last_step, final)])

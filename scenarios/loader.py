@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from crossrl.scenarios.spec import ScenarioSpec, Trial
+from crossrl.scenarios.catalog import ENGINES
+from crossrl.scenarios.spec import ScenarioSpec
 
 
 class SpecError(Exception):
@@ -21,13 +22,13 @@ class SpecError(Exception):
         self.problems = problems
 
 
-def catalog_dir() -> Path:
-    return Path(str(resources.files("crossrl.scenarios") / "catalog"))
+def builtin_dir() -> Path:
+    return Path(str(resources.files("crossrl.scenarios") / "builtin"))
 
 
-def catalog() -> dict[str, Path]:
+def builtin() -> dict[str, Path]:
     """Built-in scenarios by name."""
-    return {p.stem: p for p in sorted(catalog_dir().glob("*.yaml"))}
+    return {p.stem: p for p in sorted(builtin_dir().glob("*.yaml"))}
 
 
 def resolve(name_or_path: str) -> Path:
@@ -37,14 +38,20 @@ def resolve(name_or_path: str) -> Path:
         if not path.is_file():
             raise SpecError([f"{name_or_path}: no such file"])
         return path
-    builtin = catalog()
-    if name_or_path in builtin:
-        return builtin[name_or_path]
-    raise SpecError([f"{name_or_path}: not a file and not a built-in scenario (built-in: {', '.join(builtin)})"])
+    builtins = builtin()
+    if name_or_path in builtins:
+        return builtins[name_or_path]
+    raise SpecError([f"{name_or_path}: not a file and not a built-in scenario (built-in: {', '.join(builtins)})"])
 
 
-def load(name_or_path: str, *, overrides: dict[str, Any] | None = None) -> tuple[ScenarioSpec, Path]:
-    """Parse and validate a scenario; ``overrides`` maps dotted field paths to values (CLI flags)."""
+def load(
+    name_or_path: str, *, overrides: dict[str, Any] | None = None, engines: Collection[str] = ENGINES
+) -> tuple[ScenarioSpec, Path]:
+    """Parse and validate a scenario; ``overrides`` maps dotted field paths to values (CLI flags).
+
+    ``engines`` are the engine ids a spec may name: the built-in ones, or the engine registry's
+    (``crossrl.adapters.registry.engine_ids()``, which adds ``CROSSRL_EXTRA_ENGINES``).
+    """
     path = resolve(name_or_path)
     label = path.name
     try:
@@ -60,13 +67,13 @@ def load(name_or_path: str, *, overrides: dict[str, Any] | None = None) -> tuple
         raise SpecError([f"{label}: the top level must be a mapping of fields (name, env, algorithm, ...)"])
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
-    return validate(raw, label=label), path
+    return validate(raw, label=label, engines=engines), path
 
 
-def validate(raw: dict[str, Any], *, label: str) -> ScenarioSpec:
-    """Validate a parsed spec, collecting every problem (types, values, env id) before raising."""
+def validate(raw: dict[str, Any], *, label: str, engines: Collection[str] = ENGINES) -> ScenarioSpec:
+    """Validate a parsed spec, collecting every problem (types, values, engine ids, env id) before raising."""
     try:
-        spec = ScenarioSpec.model_validate(raw)
+        spec = ScenarioSpec.model_validate(raw, context={"engines": tuple(engines)})
     except ValidationError as e:
         problems = [f"{label}: {_describe(err)}" for err in e.errors()]
         env_problem = _env_problem(raw.get("env"), label)
@@ -77,30 +84,6 @@ def validate(raw: dict[str, Any], *, label: str) -> ScenarioSpec:
     if env_problem:
         raise SpecError([env_problem])
     return spec
-
-
-def unsupported(trials: Iterable[Trial]) -> list[tuple[Trial, str]]:
-    """Trials an engine cannot run, with the reason and what the engine supports."""
-    from crossrl.adapters.registry import engines
-
-    infos = engines()
-    out = []
-    for t in trials:
-        info = infos[t.engine]
-        reason = info.reason_unsupported(t.algorithm)
-        if reason:
-            out.append((t, f"{reason}; {t.engine} supports: {', '.join(info.supported)}"))
-    return out
-
-
-def require_supported(trials: Iterable[Trial]) -> None:
-    """Raise SpecError listing every trial an engine cannot run (before anything starts)."""
-    bad = unsupported(trials)
-    if bad:
-        raise SpecError(
-            [f"{t.name}: {reason}" for t, reason in bad]
-            + ["(run with --skip-unsupported to record these trials as SKIPPED and run the others)"]
-        )
 
 
 def _describe(err: Any) -> str:
@@ -124,8 +107,6 @@ def _describe(err: Any) -> str:
 def _env_problem(env: Any, label: str) -> str | None:
     if not isinstance(env, dict) or not isinstance(env.get("id"), str):
         return None
-    from crossrl.core.envs import registered_spec
-
     env_id = env["id"]
     try:
         registered_spec(env_id)
@@ -145,3 +126,15 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
             node[key] = child
         node = child
     node[leaf] = value
+
+
+def registered_spec(env_id: str) -> Any:
+    """gymnasium's registry entry for ``env_id``; ``module:Id`` imports ``module`` first (as gymnasium.make does)."""
+    import importlib
+
+    import gymnasium as gym
+
+    module, sep, name = env_id.rpartition(":")
+    if sep:
+        importlib.import_module(module)
+    return gym.spec(name)

@@ -11,12 +11,9 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from crossrl.core.catalog import ALGORITHMS, DEFAULT_OPTIMIZER, HYPERPARAM_DEFAULTS, VALID_OPTIMIZERS
-
-AlgorithmName = Literal["ppo", "a2c", "a3c", "impala", "dqn", "apex"]
-assert set(AlgorithmName.__args__) == set(ALGORITHMS)  # type: ignore[attr-defined]
+from crossrl.scenarios.catalog import DEFAULT_OPTIMIZER, ENGINES, HYPERPARAM_DEFAULTS, VALID_OPTIMIZERS, AlgorithmName
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -50,7 +47,7 @@ class ModelSpec(BaseModel):
 
 
 class Hyperparams(BaseModel):
-    """Shared hyperparameter names; a missing one takes the algorithm's default (core.catalog)."""
+    """Shared hyperparameter names; a missing one takes the algorithm's default (scenarios/catalog.py)."""
 
     model_config = _STRICT
 
@@ -164,7 +161,7 @@ class ScenarioSpec(BaseModel):
     description: str = ""
     env: EnvSpec
     algorithm: AlgorithmSpec
-    engines: tuple[str, ...] = ("crossrl", "rllib", "torchrl")
+    engines: tuple[str, ...] = ENGINES
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
     budget: BudgetSpec
     target: TargetSpec = Field(default_factory=TargetSpec)
@@ -173,10 +170,10 @@ class ScenarioSpec(BaseModel):
 
     @field_validator("engines")
     @classmethod
-    def _engines_known(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        from crossrl.adapters.registry import engine_ids
-
-        known = engine_ids()
+    def _engines_known(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        # The ids a spec may name come in the validation context (the loader passes the engine registry's),
+        # so the spec never imports the engines; without a context the built-in ones are the known ones.
+        known = (info.context or {}).get("engines", ENGINES)
         bad = [e for e in v if e not in known]
         if bad:
             raise ValueError(f"{', '.join(repr(b) for b in bad)} is not one of {', '.join(known)}")

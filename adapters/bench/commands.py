@@ -19,6 +19,7 @@ from typing import Any
 
 from crossrl.adapters.bench.results import E2ERow, E2ETable, Overhead, SpeedTable, add_scaling, speed_rows
 from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, measure
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 SAMPLING_ENGINES = ("raw", "crossrl", "rllib", "torchrl")
@@ -187,7 +188,6 @@ def bench_e2e(
     trial stops at its target (``budget.stop_at_target``).
     """
     from crossrl.adapters.runner import run_scenario
-    from crossrl.core import metrics as M
     from crossrl.reports.store import ResultsStore
     from crossrl.scenarios.loader import load
 
@@ -209,7 +209,6 @@ def bench_e2e(
 
 def e2e_table(spec: Any, outcome: Any) -> E2ETable:
     """Per engine of ``spec`` (a ScenarioSpec), its trials' wall seconds and env steps to the target."""
-    from crossrl.core import metrics as M
 
     rows = []
     for engine in spec.engines:
@@ -314,7 +313,7 @@ def _timed_smoke_run(results_dir: Path, progress: Progress | None) -> tuple[floa
     t0 = time.perf_counter()
     outcome = run_scenario(spec, store=store, spec_path=path, command="crossrl bench overhead")
     wall = time.perf_counter() - t0
-    bad = [f"{r.trial.name}: {r.status} {r.reason}" for r in outcome.results if r.status != "FINISHED"]
+    bad = [f"{r.trial.name}: {r.status} {r.reason}" for r in outcome.results if r.status != M.FINISHED]
     if bad:
         raise RuntimeError(f"bench overhead: the smoke run did not finish: {bad}")
     return wall, spent["log_points"], sum(spent.values())

@@ -209,7 +209,7 @@ def _blas(_: Any) -> list[str]:
 
 
 def alg_defaults(name: str) -> dict[str, Any]:
-    from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+    from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 
     return dict(HYPERPARAM_DEFAULTS[name])
 

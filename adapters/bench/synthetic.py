@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 
 
 def synthetic_frames(
@@ -62,7 +62,7 @@ def synthetic_frames(
                         "run_id": run_id, "trial": f"{e}-ppo-w{w}-s{s}", "scenario": "synthetic-ppo",
                         "fingerprint": "0123456789abcdef", "engine": e, "engine_version": "1.0",
                         "algorithm": "ppo", "optimizer": "sync_samples", "workers": w, "envs_per_worker": 4,
-                        "seed": s, "status": "FINISHED", "reason": "", "target_return": target,
+                        "seed": s, "status": M.FINISHED, "reason": "", "target_return": target,
                         "budget_env_steps": budget, M.FINAL_RETURN_MEAN: float(np.mean(returns[-3:])),
                         M.STEPS_TO_TARGET: hit[0] if hit else math.nan,
                         M.WALL_S_TO_TARGET: hit[1] if hit else math.nan,

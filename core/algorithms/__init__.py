@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from crossrl.core.catalog import ALGORITHMS, DEFAULT_OPTIMIZER, VALID_OPTIMIZERS
+from crossrl.scenarios.catalog import ALGORITHMS, DEFAULT_OPTIMIZER, VALID_OPTIMIZERS
 
 if TYPE_CHECKING:
     from crossrl.core.policy import Policy

@@ -1,7 +1,7 @@
 """Ape-X DQN (Horgan et al. 2018): the same double-Q, n-step Huber TD loss as DQN
 (:class:`~crossrl.core.q_policy.QPolicy`), under distributed prioritized replay (``async_replay``):
 per-worker fixed epsilons, priorities computed on the workers, replay shards as actors, a learner
-thread. The shared hyperparameters' defaults are in :mod:`crossrl.core.catalog`; the extras below
+thread. The shared hyperparameters' defaults are in :mod:`crossrl.scenarios.catalog`; the extras below
 are crossrl-only settings.
 """
 

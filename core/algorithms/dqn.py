@@ -1,7 +1,7 @@
 """DQN (Mnih et al. 2015) with double-Q targets (van Hasselt et al. 2016) and optional n-step returns
 and prioritized replay: the loss is :class:`~crossrl.core.q_policy.QPolicy`'s Huber TD loss, the
 default optimizer ``sync_replay`` (a driver-side replay buffer). The shared hyperparameters' defaults
-are in :mod:`crossrl.core.catalog`; the extras below are crossrl-only settings.
+are in :mod:`crossrl.scenarios.catalog`; the extras below are crossrl-only settings.
 """
 
 from __future__ import annotations

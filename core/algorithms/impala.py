@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from crossrl.core import maths
-from crossrl.core import metrics as M
 from crossrl.core import sample_batch as sb
 from crossrl.core.algorithms import AlgorithmDef
 from crossrl.core.policy import ActorCriticPolicy
+from crossrl.scenarios import metrics as M
 
 if TYPE_CHECKING:
     import torch

@@ -13,14 +13,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
-from crossrl.core import metrics as M
 from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.async_samples import _cancel
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
+from crossrl.scenarios import metrics as M
 
 
 class AsyncGradientsOptimizer(PolicyOptimizer):
@@ -66,8 +66,7 @@ class AsyncGradientsOptimizer(PolicyOptimizer):
             self._launch(i)
             stats.env_steps_trained += meta.num_env_steps()
             infos.append(info)
-        if infos:
-            stats.values.update({k: float(np.mean([d[k] for d in infos if k in d])) for k in infos[0]})
+        stats.values.update(mean_stats(infos))
         # Workers sampled while the driver waited: their own sampling time is the sampling cost.
         stats.values[M.TIME_SAMPLE_S] = float(sum(d.get("worker_time_sample_s", 0.0) for d in infos))
         return self._account(stats)

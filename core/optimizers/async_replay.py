@@ -32,14 +32,15 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
-from crossrl.core import metrics as M
 from crossrl.core import sample_batch as sb
 from crossrl.core.evaluator import EvaluatorSet, PolicyEvaluator
+from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
-from crossrl.core.optimizers.sync_replay import DEFAULT_STEPS_PER_ITERATION, mean_stats, replay_columns
+from crossrl.core.optimizers.sync_replay import DEFAULT_STEPS_PER_ITERATION, replay_columns
 from crossrl.core.q_policy import QPolicy, apex_epsilons
 from crossrl.core.replay import PrioritizedReplayBuffer
 from crossrl.core.sample_batch import SampleBatch
+from crossrl.scenarios import metrics as M
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,11 @@ import numpy as np
 import ray
 from ray.exceptions import RayActorError
 
-from crossrl.core import metrics as M
 from crossrl.core.evaluator import EvaluatorSet, unpack_batch, weights_payload
+from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
 from crossrl.core.sample_batch import SampleBatch, concat
+from crossrl.scenarios import metrics as M
 
 
 class _Learner(threading.Thread):
@@ -141,8 +142,7 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         trained, learn_s, infos = self.learner.take()
         stats.env_steps_trained = trained
         stats.values[M.TIME_LEARN_S] = learn_s
-        if infos:
-            stats.values.update({k: float(np.mean([d[k] for d in infos if k in d])) for k in infos[0]})
+        stats.values.update(mean_stats(infos))
         stats.values["policy_lag_versions"] = float(np.mean(lags)) if lags else 0.0
         return self._account(stats)
 

@@ -15,17 +15,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from crossrl.core import metrics as M
-from crossrl.core.catalog import OPTIMIZERS
 from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.sample_batch import SampleBatch
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import OPTIMIZERS
 
 
 @dataclass
 class StepStats:
     """What one ``step()`` did. Counts are for this step only (the adapter accumulates them).
 
-    ``values`` uses the common metric names (:mod:`crossrl.core.metrics`) for timings (seconds) and
+    ``values`` uses the common metric names (:mod:`crossrl.scenarios.metrics`) for timings (seconds) and
     losses; other keys are kept for logs but not reported as metrics.
     """
 
@@ -42,7 +42,7 @@ class StepStats:
         self.episode_lengths.extend(batch.episode_lengths)
 
     def common_values(self) -> dict[str, float]:
-        """Only the entries named in :data:`crossrl.core.metrics.POINT_METRICS`."""
+        """Only the entries named in :data:`crossrl.scenarios.metrics.POINT_METRICS`."""
         return {k: v for k, v in self.values.items() if k in M.POINT_METRICS}
 
 

@@ -20,13 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from crossrl.core import metrics as M
 from crossrl.core import sample_batch as sb
 from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
 from crossrl.core.q_policy import REPLAY_COLUMNS, QPolicy, linear_epsilon
 from crossrl.core.replay import PrioritizedReplayBuffer, ReplayBuffer
 from crossrl.core.sample_batch import SampleBatch
+from crossrl.scenarios import metrics as M
 
 DEFAULT_STEPS_PER_ITERATION = 1000
 
@@ -36,12 +37,6 @@ def replay_columns(batch: SampleBatch) -> tuple[dict[str, np.ndarray], np.ndarra
     flat = batch.flatten()
     cols = {k: flat[k] for k in REPLAY_COLUMNS}
     return cols, flat.get(sb.PRIORITIES)
-
-
-def mean_stats(stats: list[dict[str, float]]) -> dict[str, float]:
-    """Key-wise mean over a list of stats dicts (keys missing from some are averaged over the rest)."""
-    keys = {k for s in stats for k in s}
-    return {k: float(np.mean([s[k] for s in stats if k in s])) for k in keys}
 
 
 class SyncReplayOptimizer(PolicyOptimizer):

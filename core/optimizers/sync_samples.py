@@ -11,10 +11,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from crossrl.core import metrics as M
 from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
 from crossrl.core.sample_batch import concat
+from crossrl.scenarios import metrics as M
 
 
 class SyncSamplesOptimizer(PolicyOptimizer):

@@ -11,8 +11,8 @@ import pytest
 from crossrl.adapters import rllib as R
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import BUILTIN
-from crossrl.core import metrics as M
-from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import Hyperparams, ScenarioSpec, Trial
 
 RLLIB_ALGORITHMS = sorted(BUILTIN["rllib"].supported)

@@ -22,8 +22,8 @@ from crossrl.adapters.torchrl import (
     mapping_markdown,
     unmapped,
 )
-from crossrl.core import metrics as M
-from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 TORCHRL_ALGOS = sorted(BUILTIN["torchrl"].supported)

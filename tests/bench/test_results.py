@@ -214,7 +214,7 @@ def test_printers_show_the_figures() -> None:
 def test_e2e_table_from_runner_results() -> None:
     from crossrl.adapters.bench.commands import e2e_table
     from crossrl.adapters.runner import RunOutcome, TrialResult
-    from crossrl.core import metrics as M
+    from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import load
 
     spec, _ = load("cartpole-ppo", overrides={"engines": ["crossrl", "rllib"], "seeds": [0, 1]})

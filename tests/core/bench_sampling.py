@@ -66,9 +66,9 @@ def main() -> None:
 
     from crossrl.core import cluster
     from crossrl.core.algorithms import load
-    from crossrl.core.catalog import HYPERPARAM_DEFAULTS
     from crossrl.core.evaluator import EvaluatorSet
     from crossrl.core.policy import PolicySpec
+    from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
     from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
     # Raw and crossrl actors take turns, never run together: room for both sets (logical CPUs).

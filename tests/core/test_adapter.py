@@ -10,7 +10,7 @@ from crossrl_trials import make_trial
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.crossrl import CrossrlAdapter
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")

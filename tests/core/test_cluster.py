@@ -24,8 +24,8 @@ def test_small_weights_ride_in_the_sample_call_big_ones_go_through_one_put(
 ) -> None:
     from crossrl.core import evaluator as E
     from crossrl.core.algorithms import load
-    from crossrl.core.catalog import HYPERPARAM_DEFAULTS
     from crossrl.core.policy import PolicySpec
+    from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
     from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
     alg = load("ppo")

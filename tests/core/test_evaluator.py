@@ -9,10 +9,10 @@ import torch
 
 from crossrl.core import sample_batch as sb
 from crossrl.core.algorithms import load
-from crossrl.core.catalog import HYPERPARAM_DEFAULTS
 from crossrl.core.evaluator import PolicyEvaluator, pack_weights, unpack_batch
 from crossrl.core.policy import PolicySpec
 from crossrl.core.sample_batch import SampleBatch, concat
+from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 
@@ -215,7 +215,7 @@ SAMPLING_ONLY = """
 import sys
 import numpy as np
 from crossrl.core.algorithms import load
-from crossrl.core.catalog import HYPERPARAM_DEFAULTS
+from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.core.evaluator import PolicyEvaluator
 from crossrl.core.policy import PolicySpec
 from crossrl.scenarios.spec import EnvSpec, ModelSpec

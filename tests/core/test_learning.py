@@ -19,7 +19,7 @@ import ray
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.crossrl import CrossrlAdapter
 from crossrl.core import cluster
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec
 
 pytestmark = pytest.mark.learning

@@ -14,7 +14,7 @@ import pytest
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.crossrl import CrossrlAdapter
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 pytestmark = [pytest.mark.learning, pytest.mark.integration]

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from crossrl.core import metrics as M
 from crossrl.core import sample_batch as sb
-from crossrl.core.catalog import HYPERPARAM_DEFAULTS
 from crossrl.core.evaluator import EvaluatorSet, PolicyEvaluator
 from crossrl.core.optimizers.sync_replay import SyncReplayOptimizer
 from crossrl.core.policy import PolicySpec
 from crossrl.core.q_policy import QPolicy, apex_epsilons, linear_epsilon
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 CARTPOLE = EnvSpec(id="CartPole-v1")

@@ -14,11 +14,11 @@ import ray
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.crossrl import CrossrlAdapter
-from crossrl.core import metrics as M
 from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.optimizers.async_replay import AsyncReplayOptimizer
 from crossrl.core.policy import PolicySpec
 from crossrl.core.q_policy import QPolicy
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
 FAST = {"learning_starts": 200, "target_update": 200, "buffer_size": 5000}

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from crossrl.core import metrics as M
 from crossrl.reports.store import Loaded, ResultsStore
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import load
 
 pytestmark = pytest.mark.integration

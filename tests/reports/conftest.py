@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 
 _SPEED = {"crossrl": 1.0, "rllib": 0.7, "torchrl": 1.3, "mystack": 0.5}  # learning speed factor
 _THROUGHPUT = {"crossrl": 9000.0, "rllib": 6000.0, "torchrl": 7000.0, "mystack": 3000.0}  # env steps/s, 1 worker

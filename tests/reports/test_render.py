@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 from scipy.stats import trim_mean
 
-from crossrl.core import metrics as M
 from crossrl.reports.render import SCHEMA_VERSION, build_report, load_report_json
+from crossrl.scenarios import metrics as M
 
 FIGURES = ("return-vs-steps", "return-vs-wall", "throughput", "scaling", "time-to-target")
 

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from scipy import stats as sps
 
-from crossrl.core import metrics as M
 from crossrl.reports import stats as S
+from crossrl.scenarios import metrics as M
 
 
 def rng(seed: int = 0) -> np.random.Generator:

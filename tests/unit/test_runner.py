@@ -13,6 +13,7 @@ import psutil
 import pytest
 import yaml
 
+from crossrl.adapters.registry import engine_ids
 from crossrl.adapters.runner import run_scenario, summarize
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.loader import validate
@@ -47,7 +48,7 @@ def test_summary_is_computed_from_points_alone() -> None:
 
 def test_crash_hang_and_hard_exit_are_recorded_and_the_next_trial_runs(fault_engine: Path, results_dir: Path) -> None:
     # seeds: 1 raises, 2 hangs (TIMEOUT), 3 exits hard, 0 is fine: the crash comes first, the rest still run
-    spec = validate(fault_spec([1, 2, 3, 0], wall=12), label="fault.yaml")
+    spec = validate(fault_spec([1, 2, 3, 0], wall=12), label="fault.yaml", engines=engine_ids())
     store = ResultsStore(None, results_dir=results_dir)
     outcome = run_scenario(spec, store=store)
     by_seed = {r.trial.seed: r for r in outcome.results}
@@ -86,7 +87,7 @@ def test_crash_hang_and_hard_exit_are_recorded_and_the_next_trial_runs(fault_eng
 def test_skip_unsupported_records_skipped_with_reason(fault_engine: Path, results_dir: Path) -> None:
     raw = fault_spec([0], algorithm="a2c")
     raw["engines"] = ["fault"]
-    spec = validate(raw, label="x")
+    spec = validate(raw, label="x", engines=engine_ids())
     store = ResultsStore(None, results_dir=results_dir)
     outcome = run_scenario(spec, store=store, skip_unsupported=True)
     [r] = outcome.results
@@ -140,7 +141,7 @@ def test_real_engine_crash_is_failed_with_traceback_and_the_next_trial_runs(
         "budget": {"env_steps": 2000, "wall_seconds": 180},
         "seeds": [0, 1],
     }
-    spec = validate(raw, label="crash.yaml")
+    spec = validate(raw, label="crash.yaml", engines=engine_ids())
     store = ResultsStore(None, results_dir=results_dir)
     outcome = run_scenario(spec, store=store)
     assert [r.status for r in outcome.results] == ["FAILED", "FAILED"]  # the second ran after the first failed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crossrl.adapters.base import ListSink
-from crossrl.core import metrics as M
+from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import validate
 
 

@@ -10,7 +10,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from crossrl.scenarios.loader import SpecError, catalog, load, unsupported, validate
+from crossrl.adapters.registry import unsupported
+from crossrl.scenarios.loader import SpecError, builtin, load, validate
 
 GOOD = {
     "name": "t",
@@ -40,7 +41,7 @@ def with_(path: str, value: object) -> dict:
 
 
 def test_every_builtin_scenario_is_valid() -> None:
-    names = set(catalog())
+    names = set(builtin())
     assert {"smoke", "cartpole-ppo", "cartpole-a2c", "cartpole-a3c", "cartpole-impala", "cartpole-dqn"} <= names
     assert {"cartpole-apex", "pendulum-ppo"} <= names
     for name in names:

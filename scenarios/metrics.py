@@ -67,3 +67,11 @@ RAW_ENV_STEPS_PER_S: Final = "raw_env_steps_per_s"  # env steps / s, the env wit
 
 # Episodes completed at a point (the weight of its episode_return_mean in means over points).
 EPISODES_THIS_POINT: Final = "episodes_this_point"
+
+# Trial statuses: a trial ends in exactly one (the store's `status` tag keeps it; MLflow's own run status is coarser).
+FINISHED: Final = "FINISHED"  # ran its whole budget (or stopped at its target)
+FAILED: Final = "FAILED"  # the engine raised or its process died; the reason is stored
+KILLED: Final = "KILLED"  # interrupted (Ctrl-C, a signal); partial metrics kept
+TIMEOUT: Final = "TIMEOUT"  # hit budget.wall_seconds
+SKIPPED: Final = "SKIPPED"  # the engine cannot run the algorithm; the reason is stored
+STATUSES: Final = (FINISHED, FAILED, KILLED, TIMEOUT, SKIPPED)

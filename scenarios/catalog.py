@@ -1,14 +1,21 @@
-"""What the crossrl core offers, as plain data (no heavy imports: the spec validator reads it).
+"""The suite's vocabulary as plain data (no heavy imports: the spec validator reads it).
 
-An algorithm is a loss plus a default policy optimizer; the RLlib paper's point is that the same
-loss runs under several execution strategies, so each algorithm lists every optimizer it accepts.
+The algorithms, the built-in engine ids, crossrl's policy optimizers and every default: the shared
+hyperparameters every engine maps (``HYPERPARAM_DEFAULTS``) and the settings only crossrl's core
+has (``CROSSRL_SETTINGS``). An algorithm is a loss plus a default policy optimizer; the RLlib
+paper's point is that the same loss runs under several execution strategies, so each algorithm
+lists every optimizer it accepts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Literal, get_args
 
-ALGORITHMS: Final = ("ppo", "a2c", "a3c", "impala", "dqn", "apex")
+AlgorithmName = Literal["ppo", "a2c", "a3c", "impala", "dqn", "apex"]
+ALGORITHMS: Final[tuple[str, ...]] = get_args(AlgorithmName)
+
+# The built-in engines, in the order reports show them (the adapters' registry describes each).
+ENGINES: Final[tuple[str, ...]] = ("crossrl", "rllib", "torchrl")
 
 OPTIMIZERS: Final = {
     "sync_samples": "synchronous sampling: broadcast weights, gather samples, SGD on the driver",
