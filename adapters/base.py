@@ -75,15 +75,16 @@ class MetricSink:
         """Record one iteration. ``env_steps_*`` are cumulative; episodes are those completed since the last call.
 
         ``values`` carries the other common metrics the engine knows (losses, entropy, timings,
-        ``worker_restarts``), already translated to the names in :mod:`crossrl.scenarios.metrics`.
+        ``worker_restarts``), already translated to the names in :mod:`crossrl.scenarios.metrics`, and its
+        diagnostics as ``diag.<name>``.
         """
         now = time.perf_counter()
         dt = max(now - self._last_t, 1e-9)
         trained = env_steps_trained if env_steps_trained is not None else env_steps_sampled
         out: dict[str, float] = {}
         for k, v in (values or {}).items():
-            if k not in M.POINT_METRICS:
-                raise KeyError(f"{k!r} is not a common metric name (crossrl.scenarios.metrics)")
+            if not M.is_point_metric(k):
+                raise KeyError(f"{k!r} is neither a common metric name nor diag.* (crossrl.scenarios.metrics)")
             if v is not None and math.isfinite(float(v)):
                 out[k] = float(v)
         out[M.ENV_STEPS_SAMPLED] = float(env_steps_sampled)

@@ -312,6 +312,17 @@ LOSS_KEYS: Final[dict[str, tuple[str, ...]]] = {
 }
 
 
+# Diagnostics RLlib reports -> crossrl's diag.* names (a path under the train() result; absent keys are skipped).
+# RLlib's PPO reports the mean KL between the sampling and the updated policy, not crossrl's k3 estimate
+# nor a clip fraction; its off-policyness is counted in gradient updates, not weight versions.
+DIAG_PATHS: Final[dict[str, tuple[str, ...]]] = {
+    M.DIAG_APPROX_KL: ("learners", "default_policy", "mean_kl_loss"),
+    M.DIAG_POLICY_LAG: ("learners", "default_policy", "diff_num_grad_updates_vs_sampler_policy"),
+    M.DIAG_GRAD_NORM: ("learners", "default_policy", "gradients_default_optimizer_global_norm"),
+    M.DIAG_REPLAY_SIZE: ("replay_buffer", "num_env_steps_stored"),
+}
+
+
 def _first(stats: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
     for key in keys:
         if key in stats:
@@ -368,6 +379,7 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
         M.TIME_LEARN_S: _num(_get(result, "timers", "learner_update_timer")),
         M.TIME_SYNC_WEIGHTS_S: _num(_get(result, "timers", "synch_weights")),
         M.WORKER_RESTARTS: _num(_get(result, "fault_tolerance", "num_remote_worker_restarts")),
+        **{name: _num(_get(result, *path)) for name, path in DIAG_PATHS.items()},
     }
     return {
         "env_steps_sampled": int(sampled or 0),

@@ -23,6 +23,7 @@ from torchrl.modules import EGreedyModule, ProbabilisticActor, QValueActor, Valu
 from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, ValueEstimators
 from torchrl.objectives.value import GAE, VTrace
 
+from crossrl.core.maths import mean_stats
 from crossrl.core.models import build_mlp, count_params
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
@@ -49,10 +50,12 @@ def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
     )
 
 
-def _clip_and_step(optim: torch.optim.Optimizer, params: list[nn.Parameter], grad_clip: float) -> None:
-    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+def _clip_and_step(optim: torch.optim.Optimizer, params: list[nn.Parameter], grad_clip: float) -> float:
+    """Clip, step, zero; returns the global gradient norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     optim.step()
     optim.zero_grad(set_to_none=True)
+    return float(norm)
 
 
 def _f(x: torch.Tensor | None) -> float:
@@ -130,16 +133,23 @@ class OnPolicyLearner:
         for _ in range(int(self.trial.hp("epochs"))):
             for idx in torch.randperm(flat.numel()).split(minibatch):
                 stats.append(self._step(flat[idx]))
-        return flat.numel(), {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]}
+        return flat.numel(), mean_stats(stats)
 
     def _step(self, batch: TensorDictBase) -> dict[str, float]:
         out = self.loss(batch)
         total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
         total.backward()
-        _clip_and_step(self.optim, self.params, self.grad_clip)
+        grad_norm = _clip_and_step(self.optim, self.params, self.grad_clip)
         # TorchRL's loss_critic is already scaled by critic_coeff; report the raw squared error.
         value_loss = _f(out["loss_critic"]) / self.vf_coeff if self.vf_coeff > 0 else math.nan
-        return {M.POLICY_LOSS: _f(out["loss_objective"]), M.VALUE_LOSS: value_loss, M.ENTROPY: _f(out.get("entropy"))}
+        stats = {M.POLICY_LOSS: _f(out["loss_objective"]), M.VALUE_LOSS: value_loss, M.ENTROPY: _f(out.get("entropy"))}
+        stats[M.DIAG_GRAD_NORM] = grad_norm
+        # ClipPPOLoss's own diagnostics: kl_approx is the mean of log(pi_old / pi_new) (crossrl's core
+        # reports the k3 estimate, RLlib its mean KL); clip_fraction as crossrl's.
+        for name, key in ((M.DIAG_APPROX_KL, "kl_approx"), (M.DIAG_CLIP_FRAC, "clip_fraction")):
+            if key in out.keys():  # noqa: SIM118 - TensorDict refuses `key in td`
+                stats[name] = _f(out[key])
+        return stats
 
     def native(self) -> dict[str, Any]:
         return {
@@ -216,20 +226,23 @@ class DQNLearner:
             data = self.multistep(data)
         self.buffer.extend(data.reshape(-1))
         if self._sampled < self.learning_starts:
-            return 0, {}
+            return 0, self.diagnostics()
         self._owed += frames * self.replay_ratio
-        losses: list[float] = []
+        steps: list[dict[str, float]] = []
         while self._owed >= self.batch_size:
             out = self.loss(self.buffer.sample())
             out["loss"].backward()
-            _clip_and_step(self.optim, self.params, self.grad_clip)
-            losses.append(_f(out["loss"]))
+            grad_norm = _clip_and_step(self.optim, self.params, self.grad_clip)
+            steps.append({M.VALUE_LOSS: _f(out["loss"]), M.DIAG_GRAD_NORM: grad_norm})
             self._owed -= self.batch_size
         if self._sampled - self._last_target >= self.target_update:
             self.target.step()
             self._last_target = self._sampled
-        stats = {M.VALUE_LOSS: sum(losses) / len(losses)} if losses else {}
-        return len(losses) * self.batch_size, stats
+        return len(steps) * self.batch_size, {**mean_stats(steps), **self.diagnostics()}
+
+    def diagnostics(self) -> dict[str, float]:
+        """Exploration epsilon and replay size now (reported at every point, learning or not)."""
+        return {M.DIAG_EPSILON: float(self.greedy.eps), M.DIAG_REPLAY_SIZE: float(len(self.buffer))}
 
     def native(self) -> dict[str, Any]:
         return {

@@ -41,9 +41,9 @@ class SerialVectorEnv(SyncVectorEnv):
     but ``step`` writes each sub-env's results straight into the vector's arrays and returns those
     arrays themselves, all overwritten by the next step (callers copy what they keep), and
     returns no infos (crossrl reads none). SyncVectorEnv's generic path (``iterate`` over the batched
-    action space, info merging, ``concatenate``, three copies) cost ~50-70 us of CPU per step on the
-    session-5 host with 16 latency workers sharing 2 cores, a quarter of what a latency worker spent
-    per step (README, "What was changed in the core").
+    action space, info merging, ``concatenate``, three copies) cost ~50-70 us of CPU per step with 16
+    latency workers sharing 2 cores, a quarter of what a latency worker spent per step
+    (``crossrl bench scaling --workers 16``, CPU us/step column; docs/performance.md).
     """
 
     def __init__(self, env_fns: Any) -> None:
@@ -83,7 +83,7 @@ def make_vector_env(spec: EnvSpec, num_envs: int) -> gym.vector.VectorEnv:
     Latency envs are stepped one after another, so each worker pays ``num_envs x latency`` per step,
     as a worker driving a real simulator per env would. The observations come back in the vector
     env's own buffer, overwritten by the next step (callers copy what they keep; a deep copy per step
-    cost ~9 us of CPU per step on the session-3 host, a tenth of a latency worker's CPU per step).
+    cost ~9 us of CPU per step, a tenth of a latency worker's CPU per step in ``crossrl bench scaling``).
     """
     env_spec = registered_spec(spec.id)
     if spec.step_latency_ms == 0 and env_spec.vector_entry_point is not None:

@@ -129,10 +129,10 @@ class PolicyEvaluator:
         epsilon``), the batch pickled in-band out (:func:`unpack_batch` reads it back).
 
         Ray serializes a returned batch's dozen numpy columns one by one, out of band; one pickle of the
-        whole batch is much cheaper on both sides (session 6's host, one actor call with the weights
-        and a 64-step batch: ~1.3 -> ~0.9 ms of the actor's CPU, ~1.2 -> ~0.95 ms of the driver's;
-        README, "What was changed in the core"). Callers pass only the arguments they use: Ray
-        serializes each one.
+        whole batch is much cheaper on both sides (one actor call with the weights and a 64-step batch:
+        ~1.3 -> ~0.9 ms of the actor's CPU, ~1.2 -> ~0.95 ms of the driver's; docs/performance.md, measured
+        with ``crossrl bench scaling --workers 1,16 --fragment 64``). Callers pass only the arguments they use:
+        Ray serializes each one.
         """
         return pickle.dumps(self.sample(*args), protocol=pickle.HIGHEST_PROTOCOL)
 

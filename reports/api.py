@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from crossrl.reports.store import ResultsStore, load_spec_artifact
+from crossrl.reports.store import ResultsStore
 
 
 def make_report(store: ResultsStore, *, parent_id: str, out_dir: Path) -> Any:
@@ -13,7 +13,7 @@ def make_report(store: ResultsStore, *, parent_id: str, out_dir: Path) -> Any:
     from crossrl.reports.render import build_report
 
     loaded = store.load(parent_id=parent_id)
-    meta = {**loaded.meta, "spec": load_spec_artifact(store, parent_id)}
+    meta = {**loaded.meta, "spec": store.spec(parent_id)}
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = build_report(trials=loaded.trials, points=loaded.points, meta=meta, out_dir=out_dir)
     for path in (paths.html, paths.markdown, paths.json):
@@ -36,14 +36,12 @@ def _parent_id(store: ResultsStore, *, scenario: str | None, parent_id: str | No
 
 def _current(store: ResultsStore, parent_id: str) -> tuple[dict[str, Any], Any]:
     """The run as a baseline-shaped dict, and its spec's regression tolerances."""
-    import json
-
     from crossrl.reports.regress import make_baseline
     from crossrl.scenarios.spec import ScenarioSpec
 
     loaded = store.load(parent_id=parent_id)
-    spec = ScenarioSpec.model_validate(load_spec_artifact(store, parent_id))
-    canonical = json.loads(Path(store.client.download_artifacts(parent_id, "spec_canonical.json")).read_text())
+    spec = ScenarioSpec.model_validate(store.spec(parent_id))
+    canonical = store.spec(parent_id, canonical=True)
     return make_baseline(loaded, canonical_spec=canonical, target=spec.target.episode_return_mean), spec.regress
 
 

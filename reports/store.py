@@ -39,6 +39,7 @@ DEFAULT_RESULTS_DIR = Path("crossrl-results")
 HISTORY_ARTIFACT = "metrics.csv"
 NATIVE_CONFIG_ARTIFACT = "native_config.json"
 SPEC_ARTIFACT = "spec.json"
+CANONICAL_SPEC_ARTIFACT = "spec_canonical.json"
 
 # The MLflow run status each of our statuses maps to (the `status` tag keeps ours exactly).
 _MLFLOW_STATUS = {
@@ -160,7 +161,7 @@ class ResultsStore:
         run = self.client.create_run(exp, run_name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", tags=tags)
         run_id = run.info.run_id
         self.client.log_dict(run_id, spec.model_dump(mode="json"), SPEC_ARTIFACT)
-        self.client.log_dict(run_id, spec.canonical(), "spec_canonical.json")
+        self.client.log_dict(run_id, spec.canonical(), CANONICAL_SPEC_ARTIFACT)
         if spec_path is not None:
             self.client.log_text(run_id, spec_path.read_text(), f"spec_source/{spec_path.name}")
         return str(run_id)
@@ -283,6 +284,11 @@ class ResultsStore:
             )
         )
 
+    def spec(self, parent_id: str, *, canonical: bool = False) -> dict[str, Any]:
+        """The spec a `crossrl run` stored (as validated; or its canonical form, the fingerprint's input)."""
+        path = self.client.download_artifacts(parent_id, CANONICAL_SPEC_ARTIFACT if canonical else SPEC_ARTIFACT)
+        return json.loads(Path(path).read_text())  # type: ignore[no-any-return]
+
     def load(self, *, scenario: str | None = None, parent_id: str | None = None, latest_only: bool = True) -> Loaded:
         """Trials and metric history of one parent run (by id, or a scenario's newest), or all of a scenario's.
 
@@ -395,11 +401,6 @@ def _meta(parent: Any) -> dict[str, Any]:
         "status": tags.get("status", ""),
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(parent.info.start_time / 1000)),
     }
-
-
-def load_spec_artifact(store: ResultsStore, parent_id: str) -> dict[str, Any]:
-    path = store.client.download_artifacts(parent_id, SPEC_ARTIFACT)
-    return json.loads(Path(path).read_text())  # type: ignore[no-any-return]
 
 
 def iter_statuses(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -92,3 +92,39 @@ HYPERPARAM_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
     "dqn": dict(_REPLAY),
     "apex": {**_REPLAY, "n_step": 3, "prioritized_replay": True, "num_replay_shards": 2, "learning_starts": 2_000},
 }
+
+# Settings only crossrl's core has: no shared name, nothing to map on RLlib or TorchRL, so a spec cannot set
+# them. The crossrl engine overlays the trial's hyperparameters on them ({**CROSSRL_SETTINGS[alg], **hp}) and
+# records the result in its native config; its code indexes every one (no default anywhere else).
+_CROSSRL_ON_POLICY: dict[str, Any] = {
+    "adam_eps": 1.0e-5,
+    # SGD over each train batch: passes and minibatch size (None: the whole batch in one step). PPO's
+    # spec values (shared names) win over these.
+    "epochs": 1,
+    "minibatch": None,
+    "normalize_advantages": False,  # per minibatch, as TorchRL's and crossrl's PPO do
+    # async_samples / async_gradients: env steps sampled per reported point (at least train_batch)
+    "iteration_env_steps": 1000,
+    # async_samples: sample batches the learner queue holds per worker before sampling waits
+    "queue_per_worker": 2,
+}
+_CROSSRL_REPLAY: dict[str, Any] = {
+    "adam_eps": 1.0e-8,
+    # env steps sampled per optimizer step() (one reported point); RLlib's DQN reports every 1000 too
+    "steps_per_iteration": 1000,
+    # async_replay: learner SGD steps between weight publications (Ape-X: actors refresh every 400 frames)
+    "weights_every": 8,
+    # async_replay: the driver holds sampling back while the learner is this many transitions short of
+    # replay_ratio (None: never)
+    "max_replay_lag": None,
+    # replay shards when a dqn spec runs under async_replay (apex sets num_replay_shards itself)
+    "num_replay_shards": 1,
+}
+CROSSRL_SETTINGS: Final[dict[str, dict[str, Any]]] = {
+    "ppo": {**_CROSSRL_ON_POLICY, "normalize_advantages": True},
+    "a2c": dict(_CROSSRL_ON_POLICY),
+    "a3c": dict(_CROSSRL_ON_POLICY),
+    "impala": dict(_CROSSRL_ON_POLICY),
+    "dqn": dict(_CROSSRL_REPLAY),
+    "apex": {**_CROSSRL_REPLAY, "max_replay_lag": 2_000},
+}

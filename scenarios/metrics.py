@@ -43,6 +43,29 @@ POINT_METRICS: Final = (
     WORKER_RESTARTS,
 )
 
+# Diagnostics: an engine's own view of its learning, logged per point under ``diag.`` when the engine reports
+# it (stored, plotted in the MLflow UI; never compared by `crossrl regress`, since engines compute them
+# differently). Point metrics alongside POINT_METRICS; any other ``diag.<name>`` an engine reports is kept too.
+DIAG_PREFIX: Final = "diag."
+DIAG_APPROX_KL: Final = "diag.approx_kl"  # PPO: KL(old || new) estimate over the SGD phase, nats
+DIAG_CLIP_FRAC: Final = "diag.clip_frac"  # PPO: fraction of samples whose ratio was clipped
+DIAG_MEAN_RHO: Final = "diag.mean_rho"  # IMPALA: mean importance ratio pi/mu of the trained samples
+DIAG_POLICY_LAG: Final = "diag.policy_lag"  # asynchronous engines: learner updates behind the sampling policy
+DIAG_EPSILON: Final = "diag.epsilon"  # DQN: exploration epsilon at the point
+DIAG_REPLAY_SIZE: Final = "diag.replay_size"  # replay algorithms: transitions held in replay
+DIAG_GRAD_NORM: Final = "diag.grad_norm"  # global gradient norm before clipping, mean over the point's updates
+
+
+def is_diag(name: str) -> bool:
+    """True for a diagnostic metric (``diag.<name>``)."""
+    return name.startswith(DIAG_PREFIX)
+
+
+def is_point_metric(name: str) -> bool:
+    """A name an engine may report at a point: a common point metric or a diagnostic."""
+    return name in POINT_METRICS or is_diag(name)
+
+
 # Metrics every engine must report at every point (the contract test checks these).
 REQUIRED_POINT_METRICS: Final = (
     ENV_STEPS_SAMPLED,

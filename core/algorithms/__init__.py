@@ -1,4 +1,4 @@
-"""Algorithms: each module is a loss (a Policy subclass), a default optimizer and extra defaults.
+"""Algorithms: each module is a loss (a Policy subclass); its optimizers and defaults are in the catalog.
 
 Every module ``crossrl.core.algorithms.<name>`` exposes ``ALGORITHM = AlgorithmDef(...)``;
 :func:`load` imports one lazily (torch and Ray stay unimported until a trial runs).
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from crossrl.scenarios.catalog import ALGORITHMS, DEFAULT_OPTIMIZER, VALID_OPTIMIZERS
+from crossrl.scenarios.catalog import ALGORITHMS, CROSSRL_SETTINGS, DEFAULT_OPTIMIZER, VALID_OPTIMIZERS
 
 if TYPE_CHECKING:
     from crossrl.core.policy import Policy
@@ -19,15 +19,10 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class AlgorithmDef:
-    """One algorithm: its policy class (which carries the loss) and defaults.
-
-    ``extra_defaults`` are settings outside the shared hyperparameter names (the catalog's); they sit
-    *under* the trial's hyperparameters (``{**extra_defaults, **trial.hyperparams}``), so a spec always wins.
-    """
+    """One algorithm: its policy class (which carries the loss); its defaults are the catalog's."""
 
     name: str
     policy_cls: type[Policy]
-    extra_defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def default_optimizer(self) -> str:
@@ -38,8 +33,9 @@ class AlgorithmDef:
         return tuple(VALID_OPTIMIZERS[self.name])
 
     def hyperparams(self, given: Mapping[str, Any]) -> dict[str, Any]:
-        """The algorithm's extra defaults overlaid with ``given`` (the trial's resolved hyperparameters)."""
-        return {**self.extra_defaults, **given}
+        """crossrl's own settings for the algorithm (``CROSSRL_SETTINGS``) overlaid with ``given`` (the trial's
+        resolved hyperparameters, so a spec's value always wins)."""
+        return {**CROSSRL_SETTINGS[self.name], **given}
 
 
 def load(name: str) -> AlgorithmDef:

@@ -20,7 +20,7 @@ class A2CPolicy(ActorCriticPolicy):
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         logp, entropy, values = self.evaluate(batch[sb.OBS], batch[sb.ACTIONS])
         adv = batch[sb.ADVANTAGES]
-        if self.hp.get("normalize_advantages", False) and adv.numel() > 1:
+        if self.hp["normalize_advantages"] and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         pg_loss = -(logp * adv).mean()
         vf_loss = 0.5 * ((values - batch[sb.VALUE_TARGETS]) ** 2).mean()
@@ -29,4 +29,4 @@ class A2CPolicy(ActorCriticPolicy):
         return total, {M.POLICY_LOSS: pg_loss.item(), M.VALUE_LOSS: vf_loss.item(), M.ENTROPY: ent.item()}
 
 
-ALGORITHM = AlgorithmDef(name="a2c", policy_cls=A2CPolicy, extra_defaults={"normalize_advantages": False})
+ALGORITHM = AlgorithmDef(name="a2c", policy_cls=A2CPolicy)

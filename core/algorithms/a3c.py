@@ -9,4 +9,4 @@ from __future__ import annotations
 from crossrl.core.algorithms import AlgorithmDef
 from crossrl.core.algorithms.a2c import A2CPolicy
 
-ALGORITHM = AlgorithmDef(name="a3c", policy_cls=A2CPolicy, extra_defaults={"normalize_advantages": False})
+ALGORITHM = AlgorithmDef(name="a3c", policy_cls=A2CPolicy)

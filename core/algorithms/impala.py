@@ -56,8 +56,8 @@ class VTracePolicy(ActorCriticPolicy):
             M.POLICY_LOSS: pg_loss.item(),
             M.VALUE_LOSS: vf_loss.item(),
             M.ENTROPY: ent.item(),
-            "mean_rho": float(rho[mask.numpy() > 0].mean()),
+            M.DIAG_MEAN_RHO: float(rho[mask.numpy() > 0].mean()),
         }
 
 
-ALGORITHM = AlgorithmDef(name="impala", policy_cls=VTracePolicy, extra_defaults={})
+ALGORITHM = AlgorithmDef(name="impala", policy_cls=VTracePolicy)

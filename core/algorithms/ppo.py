@@ -37,13 +37,13 @@ class PPOPolicy(ActorCriticPolicy):
 
         logp, entropy, values = self.evaluate(batch[sb.OBS], batch[sb.ACTIONS])
         adv = batch[sb.ADVANTAGES]
-        if self.hp.get("normalize_advantages", True) and adv.numel() > 1:
+        if self.hp["normalize_advantages"] and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
         log_ratio = logp - batch[sb.LOGP]
         ratio = log_ratio.exp()
         clip = float(self.hp["clip"])
         pg_loss = -torch.min(ratio * adv, ratio.clamp(1.0 - clip, 1.0 + clip) * adv).mean()
-        vf_loss = value_loss(values, batch[sb.VALUE_TARGETS], batch[sb.VF_PREDS], self.hp.get("vf_clip"))
+        vf_loss = value_loss(values, batch[sb.VALUE_TARGETS], batch[sb.VF_PREDS], self.hp["vf_clip"])
         ent = entropy.mean()
         total = pg_loss + float(self.hp["vf_coeff"]) * vf_loss - float(self.hp["entropy_coeff"]) * ent
         with torch.no_grad():
@@ -53,9 +53,9 @@ class PPOPolicy(ActorCriticPolicy):
             M.POLICY_LOSS: pg_loss.item(),
             M.VALUE_LOSS: vf_loss.item(),
             M.ENTROPY: ent.item(),
-            "approx_kl": float(approx_kl),
-            "clip_frac": float(clip_frac),
+            M.DIAG_APPROX_KL: float(approx_kl),
+            M.DIAG_CLIP_FRAC: float(clip_frac),
         }
 
 
-ALGORITHM = AlgorithmDef(name="ppo", policy_cls=PPOPolicy, extra_defaults={"normalize_advantages": True})
+ALGORITHM = AlgorithmDef(name="ppo", policy_cls=PPOPolicy)

@@ -31,7 +31,7 @@ class AsyncGradientsOptimizer(PolicyOptimizer):
         if not evaluators.remotes:
             raise ValueError("async_gradients needs at least one remote evaluator")
         self.fragment = max(1, math.ceil(int(self.hp["train_batch"]) / evaluators.num_envs))
-        self.iteration_env_steps = int(self.hp.get("iteration_env_steps", 1000))
+        self.iteration_env_steps = int(self.hp["iteration_env_steps"])
         self._in_flight: dict[ray.ObjectRef, int] = {}
         self._started = False
 

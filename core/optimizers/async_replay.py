@@ -36,7 +36,7 @@ from crossrl.core import sample_batch as sb
 from crossrl.core.evaluator import EvaluatorSet, PolicyEvaluator
 from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
-from crossrl.core.optimizers.sync_replay import DEFAULT_STEPS_PER_ITERATION, replay_columns
+from crossrl.core.optimizers.sync_replay import replay_columns
 from crossrl.core.q_policy import QPolicy, apex_epsilons
 from crossrl.core.replay import PrioritizedReplayBuffer
 from crossrl.core.sample_batch import SampleBatch
@@ -100,7 +100,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         if not evaluators.remotes:
             raise ValueError("async_replay needs at least one remote evaluator (workers >= 1)")
         self.policy: QPolicy = policy
-        n_shards = int(self.hp.get("num_replay_shards", 1))
+        n_shards = int(self.hp["num_replay_shards"])
         capacity = max(1, int(self.hp["buffer_size"]) // n_shards)
         self.shards: list[Any] = [
             RemoteReplayShard.remote(  # type: ignore[attr-defined]
@@ -110,9 +110,9 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         ]
         self.epsilons = apex_epsilons(len(evaluators.remotes))
         self.train_batch = int(self.hp["train_batch"])
-        self.steps_per_iteration = int(self.hp.get("steps_per_iteration", DEFAULT_STEPS_PER_ITERATION))
-        self.weights_every = int(self.hp.get("weights_every", 8))
-        lag = self.hp.get("max_replay_lag")
+        self.steps_per_iteration = int(self.hp["steps_per_iteration"])
+        self.weights_every = int(self.hp["weights_every"])
+        lag = self.hp["max_replay_lag"]
         self.max_replay_lag = None if lag is None else float(lag)
         self._rng = np.random.default_rng([evaluators.seed, 11])
 
@@ -200,6 +200,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
             self._learn_s = 0.0
         stats.values.update(mean_stats(learn_stats))
         stats.values["weights_version"] = float(self._weights_version)
+        stats.values[M.DIAG_REPLAY_SIZE] = float(sum(self.replay_sizes()))
         return self._account(stats)
 
     # -- learner thread ------------------------------------------------------------------------------

@@ -82,11 +82,11 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         self.fragment = int(self.hp["rollout_fragment"])
         self.train_batch = int(self.hp["train_batch"])
         # One step() reports over at least this many sampled env steps (enough episodes per point).
-        self.iteration_env_steps = max(self.train_batch, int(self.hp.get("iteration_env_steps", 1000)))
+        self.iteration_env_steps = max(self.train_batch, int(self.hp["iteration_env_steps"]))
         self.learner = _Learner(
             evaluators,
             train_batch=self.train_batch,
-            max_queue=int(self.hp.get("max_queue", 2 * len(evaluators.remotes))),
+            max_queue=int(self.hp["queue_per_worker"]) * len(evaluators.remotes),
         )
         self._in_flight: dict[ray.ObjectRef, int] = {}
         self._worker_version = [-1] * len(evaluators.remotes)
@@ -143,7 +143,7 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         stats.env_steps_trained = trained
         stats.values[M.TIME_LEARN_S] = learn_s
         stats.values.update(mean_stats(infos))
-        stats.values["policy_lag_versions"] = float(np.mean(lags)) if lags else 0.0
+        stats.values[M.DIAG_POLICY_LAG] = float(np.mean(lags)) if lags else 0.0
         return self._account(stats)
 
     def _ready(self) -> list[tuple[int, SampleBatch | None]]:

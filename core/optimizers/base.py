@@ -26,7 +26,7 @@ class StepStats:
     """What one ``step()`` did. Counts are for this step only (the adapter accumulates them).
 
     ``values`` uses the common metric names (:mod:`crossrl.scenarios.metrics`) for timings (seconds) and
-    losses; other keys are kept for logs but not reported as metrics.
+    losses, and ``diag.*`` names for diagnostics; other keys are kept for logs but not reported as metrics.
     """
 
     env_steps_sampled: int = 0
@@ -42,8 +42,8 @@ class StepStats:
         self.episode_lengths.extend(batch.episode_lengths)
 
     def common_values(self) -> dict[str, float]:
-        """Only the entries named in :data:`crossrl.scenarios.metrics.POINT_METRICS`."""
-        return {k: v for k, v in self.values.items() if k in M.POINT_METRICS}
+        """Only the entries an engine reports: common point metrics and ``diag.*`` diagnostics."""
+        return {k: v for k, v in self.values.items() if M.is_point_metric(k)}
 
 
 class PolicyOptimizer(abc.ABC):

@@ -29,8 +29,6 @@ from crossrl.core.replay import PrioritizedReplayBuffer, ReplayBuffer
 from crossrl.core.sample_batch import SampleBatch
 from crossrl.scenarios import metrics as M
 
-DEFAULT_STEPS_PER_ITERATION = 1000
-
 
 def replay_columns(batch: SampleBatch) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
     """A postprocessed batch as flat replay columns (valid rows only) and its worker-side priorities, if any."""
@@ -52,14 +50,14 @@ class SyncReplayOptimizer(PolicyOptimizer):
         self.policy: QPolicy = policy
         rng = np.random.default_rng([evaluators.seed, 7])
         capacity = int(self.hp["buffer_size"])
-        self.prioritized = bool(self.hp.get("prioritized_replay"))
+        self.prioritized = bool(self.hp["prioritized_replay"])
         self.buffer: ReplayBuffer
         if self.prioritized:
             self.buffer = PrioritizedReplayBuffer(capacity, alpha=float(self.hp["priority_alpha"]), rng=rng)
         else:
             self.buffer = ReplayBuffer(capacity, rng=rng)
         self.train_batch = int(self.hp["train_batch"])
-        self.steps_per_iteration = int(self.hp.get("steps_per_iteration", DEFAULT_STEPS_PER_ITERATION))
+        self.steps_per_iteration = int(self.hp["steps_per_iteration"])
         self._owed = 0.0  # transitions of training owed under replay_ratio, not yet trained
         self._last_target_sync = 0
         self._weights_dirty = True
@@ -79,8 +77,8 @@ class SyncReplayOptimizer(PolicyOptimizer):
         while stats.env_steps_sampled < self.steps_per_iteration:
             learn_stats += self._round(stats)
         stats.values.update(mean_stats(learn_stats))
-        stats.values["epsilon"] = self.epsilon()
-        stats.values["replay_size"] = float(len(self.buffer))
+        stats.values[M.DIAG_EPSILON] = self.epsilon()
+        stats.values[M.DIAG_REPLAY_SIZE] = float(len(self.buffer))
         return self._account(stats)
 
     def _round(self, stats: StepStats) -> list[dict[str, float]]:

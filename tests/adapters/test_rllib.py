@@ -242,6 +242,8 @@ def test_result_to_point_reads_raw_episodes_and_losses() -> None:
                 "mean_vf_loss": 2.0,
                 "entropy": 0.6,
                 "num_module_steps_trained_lifetime": 900.0,
+                "diff_num_grad_updates_vs_sampler_policy": 1.5,
+                "gradients_default_optimizer_global_norm": float("nan"),  # not finite: dropped
             },
         },
         "timers": {"env_runner_sampling_timer": 0.3, "learner_update_timer": 0.1, "synch_weights": 0.01},
@@ -253,6 +255,7 @@ def test_result_to_point_reads_raw_episodes_and_losses() -> None:
     v = point["values"]
     assert (v[M.POLICY_LOSS], v[M.VALUE_LOSS], v[M.ENTROPY]) == (-0.5, 2.0, 0.6)
     assert v[M.TIME_SAMPLE_S] == 0.3 and v[M.WORKER_RESTARTS] == 0
+    assert v[M.DIAG_POLICY_LAG] == 1.5 and M.DIAG_GRAD_NORM not in v and M.DIAG_APPROX_KL not in v
     # PPO leaves env_steps_trained to the sink (= sampled); a missing item list means no episodes.
     ppo = R.result_to_point({"num_env_steps_sampled_lifetime": 7}, algorithm="ppo")
     assert ppo["env_steps_sampled"] == 7 and ppo["env_steps_trained"] is None and ppo["episode_returns"] == []
@@ -304,6 +307,7 @@ def test_tiny_ppo_cartpole(workers: int) -> None:
     points = _check_run(sink, trial, max_return=500)
     assert len(points) == 4  # 256 env steps per iteration, exactly
     assert all(M.POLICY_LOSS in p and M.VALUE_LOSS in p and M.ENTROPY in p for p in points)
+    assert all(p[M.DIAG_APPROX_KL] >= 0 and p[M.DIAG_GRAD_NORM] > 0 for p in points)  # RLlib's own diagnostics
 
 
 @pytest.mark.integration
@@ -329,3 +333,5 @@ def test_tiny_dqn_cartpole() -> None:
     # replay_ratio 1: trained/sampled stays near 1 once learning started (RLlib rounds the rounds).
     assert 0.3 < trained[-1] / (points[-1][M.ENV_STEPS_SAMPLED] - 500) < 3
     assert any(M.VALUE_LOSS in p for p in points)
+    sizes = [p[M.DIAG_REPLAY_SIZE] for p in points if M.DIAG_REPLAY_SIZE in p]
+    assert sizes and 0 < sizes[-1] <= points[-1][M.ENV_STEPS_SAMPLED]

@@ -149,6 +149,9 @@ def test_ppo_one_worker_cartpole() -> None:
     assert native["loss"]["kwargs"]["clip_epsilon"] == 0.2
     assert native["value_estimator"] == {"class": "GAE", "kwargs": {"gamma": 0.99, "lmbda": 0.95}}
     assert all(M.POLICY_LOSS in p and M.ENTROPY in p for p in sink.points)
+    # ClipPPOLoss's own diagnostics, logged as diag.*
+    assert all(0 <= p[M.DIAG_CLIP_FRAC] <= 1 and p[M.DIAG_GRAD_NORM] > 0 for p in sink.points)
+    assert all(math.isfinite(p[M.DIAG_APPROX_KL]) for p in sink.points)
 
 
 def test_dqn_one_worker_cartpole() -> None:
@@ -159,6 +162,10 @@ def test_dqn_one_worker_cartpole() -> None:
     assert native["replay_buffer"]["storage"] == "LazyTensorStorage(5000)"
     # No gradient step before learning_starts env steps.
     assert all(p[M.ENV_STEPS_TRAINED] == 0 for p in sink.points if p[M.ENV_STEPS_SAMPLED] < 300)
+    # epsilon anneals from 1 and the replay holds every sampled transition (budget < capacity)
+    eps = [p[M.DIAG_EPSILON] for p in sink.points]
+    assert eps == sorted(eps, reverse=True) and eps[0] < 1.0 and eps[-1] >= 0.02
+    assert all(p[M.DIAG_REPLAY_SIZE] == p[M.ENV_STEPS_SAMPLED] for p in sink.points)
 
 
 @pytest.mark.integration

@@ -182,7 +182,7 @@ def test_sync_replay_local_counts_and_learns_without_ray() -> None:
     trained = first.env_steps_trained + second.env_steps_trained
     assert trained % 16 == 0 and 2 * (sampled - 220) - 16 <= trained <= 2 * (sampled - 200)
     assert M.VALUE_LOSS in second.values and M.TIME_LEARN_S in second.values
-    assert second.values["epsilon"] < first.values["epsilon"]
+    assert second.values[M.DIAG_EPSILON] < first.values[M.DIAG_EPSILON]
     after = evaluators.local.policy.get_weights()
     assert any(not np.allclose(before[k], after[k]) for k in before)
     # The target network was synced at least once: equal to the online net at that time, not the initial one.

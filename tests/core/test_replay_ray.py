@@ -3,8 +3,6 @@ through the crossrl adapter, checking the metrics they report; one evaluator is 
 
 from __future__ import annotations
 
-import dataclasses
-import importlib
 import time
 from typing import Any
 
@@ -19,6 +17,7 @@ from crossrl.core.optimizers.async_replay import AsyncReplayOptimizer
 from crossrl.core.policy import PolicySpec
 from crossrl.core.q_policy import QPolicy
 from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import CROSSRL_SETTINGS
 from crossrl.scenarios.spec import Trial
 
 FAST = {"learning_starts": 200, "target_update": 200, "buffer_size": 5000}
@@ -37,14 +36,12 @@ def kill_first_evaluator_after_first_point(i: int, evaluators: EvaluatorSet) -> 
 
 
 def run(trial: Trial, *, steps_per_iteration: int, monkeypatch: pytest.MonkeyPatch) -> ListSink:
-    """Run through the adapter with ``steps_per_iteration`` (an algorithm extra, not a spec field) lowered.
+    """Run through the adapter with ``steps_per_iteration`` (a crossrl-only setting, not a spec field) lowered.
 
     Evaluator 1 is killed after the first point: the run must finish and count the restart.
     """
-    module = importlib.import_module(f"crossrl.core.algorithms.{trial.algorithm}")
-    alg = module.ALGORITHM
-    extra = {**alg.extra_defaults, "steps_per_iteration": steps_per_iteration}
-    monkeypatch.setattr(module, "ALGORITHM", dataclasses.replace(alg, extra_defaults=extra))
+    settings = {**CROSSRL_SETTINGS[trial.algorithm], "steps_per_iteration": steps_per_iteration}
+    monkeypatch.setitem(CROSSRL_SETTINGS, trial.algorithm, settings)
     sink = ListSink(trial)
     CrossrlAdapter(on_iteration=kill_first_evaluator_after_first_point).run(trial, sink)
     return sink

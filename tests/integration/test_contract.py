@@ -69,6 +69,8 @@ def test_engine_honours_the_contract(smoke_run: dict[str, Any], engine: str) -> 
         assert steps == sorted(steps) and steps[-1] >= spec.budget.env_steps, f"{name}: env steps {steps}"
         returns = hist[hist.metric == M.EPISODE_RETURN_MEAN].value
         assert len(returns) and all(math.isfinite(v) and 1 <= v <= 500 for v in returns), f"{name}: {list(returns)}"
+        # every engine's own PPO diagnostics are stored (diag.*), beside the common metrics
+        assert {M.DIAG_APPROX_KL, M.DIAG_GRAD_NORM} <= set(hist.metric), f"{name}: {sorted(set(hist.metric))}"
         thr = hist[hist.metric == M.SAMPLE_THROUGHPUT].value
         assert (thr > 0).all(), f"{name}: throughput {list(thr)}"
         assert row["peak_rss_mb"] > 50 and row["cpu_seconds"] > 0 and row["setup_s"] >= 0

@@ -1,7 +1,7 @@
 """Benchmark: build a report for 100 trials x 200 points of synthetic data and print the time.
 
 Run from the repository root: ``.venv/bin/python tests/reports/bench_report.py [--repeat 3]``.
-Target (issue 5): under 5 s per build on the 2-core development machine.
+Target: under 5 s per build on 2 cores.
 """
 
 from __future__ import annotations
