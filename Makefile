@@ -7,6 +7,7 @@ BIN     := $(VENV)/bin
 PIP     := $(BIN)/pip
 STAMP   := $(VENV)/.stamp-install
 PYTEST_FLAGS ?=
+K ?=
 
 .PHONY: install demo test test-fast lint learning-tests chromium ui clean
 
@@ -46,8 +47,9 @@ test-fast: install
 
 # Full learning runs (long: about an hour on 2 cores). tests/learning goes through the real runner and
 # writes crossrl-results/learning/table.md (the README's table); tests/core checks the core in-process.
+# K selects cases by pytest -k expression: make learning-tests K="crossrl and (ppo or a2c or dqn)"
 learning-tests: install
-	$(BIN)/pytest -m learning -s --timeout 7200 tests/learning tests/core $(PYTEST_FLAGS)
+	$(BIN)/pytest -m learning -s --timeout 7200 tests/learning tests/core $(if $(K),-k "$(K)") $(PYTEST_FLAGS)
 
 demo: install
 	$(BIN)/crossrl run demo --skip-unsupported; status=$$?; \

@@ -8,11 +8,59 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from crossrl.adapters.base import MetricSink
-from crossrl.scenarios.spec import Trial
+from crossrl.scenarios.spec import EnvSpec, ModelSpec, Trial
+
+if TYPE_CHECKING:
+    from crossrl.core.evaluator import EvaluatorSet
+    from crossrl.core.optimizers.base import PolicyOptimizer
+    from crossrl.core.policy import Policy
+
+
+def start_core(
+    *,
+    env_spec: EnvSpec,
+    workers: int,
+    envs_per_worker: int,
+    policy_cls: type[Policy],
+    hyperparams: Mapping[str, Any],
+    model: ModelSpec,
+    optimizer: str,
+    seed: int,
+    remote_num_cpus: float,
+) -> tuple[EvaluatorSet, PolicyOptimizer]:
+    """``workers`` evaluator actors of ``envs_per_worker`` envs each, and the policy optimizer ``optimizer`` over them.
+
+    Ray must be up. Returns once every actor answers; the caller stops the optimizer, then the
+    evaluators. On failure, what was started is stopped before the error propagates.
+    """
+    import ray
+
+    from crossrl.core.evaluator import EvaluatorSet
+    from crossrl.core.optimizers.base import load_optimizer
+    from crossrl.core.policy import PolicySpec
+
+    evaluators = EvaluatorSet(
+        env_spec=env_spec,
+        num_envs=envs_per_worker,
+        policy_factory=PolicySpec(policy_cls=policy_cls, hyperparams=hyperparams, model=model),
+        num_remote=workers,
+        seed=seed,
+        remote_num_cpus=remote_num_cpus,
+    )
+    opt: PolicyOptimizer | None = None
+    try:
+        opt = load_optimizer(optimizer)(evaluators, hyperparams=hyperparams)
+        ray.get([r.ping.remote() for r in evaluators.remotes])
+    except BaseException:
+        if opt is not None:
+            opt.stop()
+        evaluators.stop()
+        raise
+    return evaluators, opt
 
 
 class CrossrlAdapter:
@@ -29,9 +77,6 @@ class CrossrlAdapter:
         import torch
 
         from crossrl.core import algorithms, cluster
-        from crossrl.core.evaluator import EvaluatorSet
-        from crossrl.core.optimizers.base import load_optimizer
-        from crossrl.core.policy import PolicySpec
 
         started_ray = not ray.is_initialized()
         info = cluster.connect(trial.ray_address, num_cpus=None if trial.ray_address else os.cpu_count())
@@ -47,16 +92,17 @@ class CrossrlAdapter:
             # Never ask for more CPUs than exist, or actors would wait forever for resources.
             cpus = cluster.available_cpus()
             remote_cpus = min(1.0, math.floor(100 * cpus / trial.workers) / 100)
-            evaluators = EvaluatorSet(
+            evaluators, optimizer = start_core(  # actors up before the clock starts
                 env_spec=trial.env,
-                num_envs=trial.envs_per_worker,
-                policy_factory=PolicySpec(policy_cls=alg.policy_cls, hyperparams=hp, model=trial.model),
-                num_remote=trial.workers,
+                workers=trial.workers,
+                envs_per_worker=trial.envs_per_worker,
+                policy_cls=alg.policy_cls,
+                hyperparams=hp,
+                model=trial.model,
+                optimizer=trial.optimizer,
                 seed=trial.seed,
                 remote_num_cpus=remote_cpus,
             )
-            optimizer = load_optimizer(trial.optimizer)(evaluators, hyperparams=hp)
-            ray.get([r.ping.remote() for r in evaluators.remotes])  # actors up before the clock starts
             sink.tags(engine_version=_version(), optimizer=trial.optimizer, **info)
             sink.native_config(
                 {

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Final
 
 from crossrl.adapters.base import MetricSink
 from crossrl.scenarios import metrics as M
-from crossrl.scenarios.spec import EnvSpec, Trial
+from crossrl.scenarios.spec import EnvSpec, ModelSpec, Trial
 
 ENGINE_ID: Final = "rllib"
 
@@ -203,8 +203,11 @@ def training_settings(trial: Trial, *, num_env_runners: int) -> dict[str, Any]:
     return out
 
 
-def _env_creator(env_config: Mapping[str, Any]) -> Any:
-    """RLlib's env creator: the spec's env via crossrl's make_env (latency wrapper included)."""
+def env_creator(env_config: Mapping[str, Any]) -> Any:
+    """RLlib's env creator: the spec's env via crossrl's make_env (latency wrapper included).
+
+    Register it under the name given to :func:`sampler_config` (``ray.tune.registry.register_env``).
+    """
     from crossrl.core.envs import make_env
 
     if getattr(env_config, "worker_index", 0) > 0:
@@ -222,47 +225,80 @@ def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_lo
     metrics_logger.log_value(_ITEM_KEY, (ret, length), reduce="item_series")
 
 
+def sampler_config(
+    config: Any,
+    *,
+    env_spec: EnvSpec,
+    env_name: str,
+    model: ModelSpec,
+    num_env_runners: int,
+    envs_per_env_runner: int,
+    cpus_per_env_runner: float,
+    rollout_fragment: int | str,
+    seed: int,
+) -> Any:
+    """``config`` (a fresh AlgorithmConfig such as ``PPOConfig()``) set up to sample the spec's env with its MLP.
+
+    New API stack on torch; env runners make their envs with :func:`env_creator`, registered by the
+    caller as ``env_name``; policy and value function are each an MLP of ``model``'s sizes.
+    :func:`build_config` adds the trial's learners, training settings and callbacks on top; the
+    sampling benchmark (``crossrl bench sampling``) samples with this alone.
+    """
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    return (
+        config.api_stack(enable_rl_module_and_learner=True, enable_env_runner_and_connector_v2=True)
+        .framework("torch")
+        .environment(env=env_name, env_config={"env_spec": env_spec.model_dump(mode="json")})
+        .env_runners(
+            num_env_runners=num_env_runners,
+            num_envs_per_env_runner=envs_per_env_runner,
+            num_cpus_per_env_runner=cpus_per_env_runner,
+            rollout_fragment_length=rollout_fragment,
+        )
+        .rl_module(
+            # vf_share_layers=False: the value function gets its own MLP of the same sizes (the
+            # dataclass default True would override PPO's own False); heads are linear.
+            model_config=DefaultModelConfig(
+                fcnet_hiddens=list(model.hidden),
+                fcnet_activation=model.activation,
+                head_fcnet_hiddens=[],
+                vf_share_layers=False,
+            )
+        )
+        .debugging(seed=seed)
+    )
+
+
 def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
     """The trial's AlgorithmConfig (not built); pure apart from importing RLlib."""
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.impala import IMPALAConfig
     from ray.rllib.algorithms.ppo import PPOConfig
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
 
     classes = {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig}
     if trial.algorithm not in classes:
         raise ValueError(f"rllib cannot run {trial.algorithm}; it runs {', '.join(classes)}")
     settings = training_settings(trial, num_env_runners=plan.num_env_runners)
     fragment = settings.pop("rollout_fragment_length", "auto")
-    hidden = list(trial.model.hidden)
     config: Any = (
-        classes[trial.algorithm]()
-        .api_stack(enable_rl_module_and_learner=True, enable_env_runner_and_connector_v2=True)
-        .framework("torch")
-        .environment(env=env_name, env_config={"env_spec": trial.env.model_dump(mode="json")})
-        .env_runners(
+        sampler_config(
+            classes[trial.algorithm](),
+            env_spec=trial.env,
+            env_name=env_name,
+            model=trial.model,
             num_env_runners=plan.num_env_runners,
-            num_envs_per_env_runner=trial.envs_per_worker,
-            num_cpus_per_env_runner=plan.cpus_per_env_runner,  # type: ignore[arg-type]
-            rollout_fragment_length=fragment,
+            envs_per_env_runner=trial.envs_per_worker,
+            cpus_per_env_runner=plan.cpus_per_env_runner,
+            rollout_fragment=fragment,
+            seed=trial.seed,
         )
         # Learning runs in this process when num_learners=0; Ray only accounts the main process's
         # CPU under Tune, which crossrl does not use, so 1 here reserves nothing on a 2-CPU machine.
         .resources(num_cpus_for_main_process=1)
         .learners(num_learners=plan.num_learners, num_cpus_per_learner=1 if plan.num_learners else "auto")
-        .rl_module(
-            # vf_share_layers=False: the value function gets its own MLP of the same sizes (the
-            # dataclass default True would override PPO's own False); heads are linear.
-            model_config=DefaultModelConfig(
-                fcnet_hiddens=hidden,
-                fcnet_activation=trial.model.activation,
-                head_fcnet_hiddens=[],
-                vf_share_layers=False,
-            )
-        )
         .training(**settings)
         .callbacks(on_episode_end=_on_episode_end)
-        .debugging(seed=trial.seed)
     )
     if trial.algorithm == "impala":
         # RLlib's default of >= 10 s per train() gives few, coarse points on short budgets.
@@ -415,7 +451,7 @@ class RllibAdapter:
             available = float(ray.available_resources().get("CPU", 0.0))
             plan = plan_resources(algorithm=trial.algorithm, workers=trial.workers, available_cpus=available)
             env_name = f"crossrl-{trial.fingerprint}-{uuid.uuid4().hex[:8]}"
-            register_env(env_name, _env_creator)
+            register_env(env_name, env_creator)
             config = build_config(trial, plan=plan, env_name=env_name)
             algo = config.build_algo()
             sink.start_clock()

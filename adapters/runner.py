@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from crossrl.adapters.procs import kill_procs
 from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.core.cluster import LOCAL_RAY_ENV
 from crossrl.reports.store import ResultsStore
@@ -131,18 +132,9 @@ class _TreeMeter:
         return sum(self._cpu.values())
 
     def kill_all(self) -> None:
-        """SIGTERM the tree, then SIGKILL what is left after a grace period."""
+        """SIGTERM every process seen in the tree (re-parented ones too), SIGKILL what is left after a grace period."""
         self.sample()
-        procs = [p for p in self.known.values() if p.is_running()]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in procs:
-                try:
-                    p.send_signal(sig)
-                except psutil.Error:
-                    pass
-            _, procs = psutil.wait_procs(procs, timeout=KILL_GRACE_S)
-            if not procs:
-                return
+        kill_procs(self.known.values(), grace_s=KILL_GRACE_S)
 
 
 def _best_effort(fn: Callable[..., None], run_id: str, payload: Any, *, what: str) -> None:

@@ -184,7 +184,17 @@ def _gym_env(env_spec: EnvSpec) -> GymWrapper:
     return GymWrapper(make_env(env_spec), categorical_action_encoding=True)
 
 
-def _worker_init() -> None:
+def env_dims(env_spec: EnvSpec) -> tuple[int, int]:
+    """(observation size, number of discrete actions) of the spec's env as TorchRL sees it."""
+    probe = _gym_env(env_spec)
+    obs_dim = int(probe.observation_spec["observation"].shape[-1])
+    n_actions = int(probe.action_spec.space.n)
+    probe.close()
+    return obs_dim, n_actions
+
+
+def worker_init() -> None:
+    """One torch intra-op thread in this process (collector workers; a driver that steps the envs itself)."""
     torch.set_num_threads(1)
 
 
@@ -207,11 +217,10 @@ def frames_per_batch(trial: Trial) -> int:
 
 def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
     """The collector for the trial and a JSON-able description of how it was built."""
-    from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+    from torchrl.collectors import Collector
 
     fpb = frames_per_batch(trial)
     sync = trial.algorithm not in ASYNC
-    common = {"frames_per_batch": fpb, "total_frames": -1, "auto_register_policy_transforms": False}
     if trial.ray_address:
         from torchrl.collectors.distributed import RayCollector
 
@@ -230,17 +239,39 @@ def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
         }  # fmt: skip
         collector = RayCollector([env_fn] * trial.workers, policy, **ray_kwargs)  # type: ignore[arg-type]
         return collector, {"class": "RayCollector", "kwargs": ray_kwargs, "ray_address": trial.ray_address}
-    if trial.workers == 1 and sync:
-        env = make_torchrl_env(trial.env, trial.envs_per_worker)
+    return local_collector(
+        trial.env,
+        workers=trial.workers,
+        envs_per_worker=trial.envs_per_worker,
+        policy=policy,
+        frames_per_batch=fpb,
+        sync=sync,
+    )
+
+
+def local_collector(
+    env_spec: EnvSpec, *, workers: int, envs_per_worker: int, policy: Any, frames_per_batch: int, sync: bool = True
+) -> tuple[Any, dict[str, Any]]:
+    """A collector on this machine and a JSON-able description of how it was built.
+
+    ``Collector`` (one worker, sync: the envs are stepped in this process), else ``MultiSyncCollector``
+    (sync, batches stacked) or ``MultiAsyncCollector`` over ``workers`` processes of one torch thread
+    each, every one stepping :func:`make_torchrl_env` of ``envs_per_worker`` envs.
+    """
+    from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+
+    common = {"frames_per_batch": frames_per_batch, "total_frames": -1, "auto_register_policy_transforms": False}
+    if workers == 1 and sync:
+        env = make_torchrl_env(env_spec, envs_per_worker)
         collector = Collector(env, policy, **common)
         return collector, {"class": "Collector", "kwargs": common}
     cls = MultiSyncCollector if sync else MultiAsyncCollector
-    env_fn = functools.partial(make_torchrl_env, trial.env, trial.envs_per_worker, worker_process=True)
+    env_fn = functools.partial(make_torchrl_env, env_spec, envs_per_worker, worker_process=True)
     multi: dict[str, Any] = {**common, "num_threads": 1, "num_sub_threads": 1}
     if sync:
         multi["cat_results"] = "stack"
-    collector = cls([env_fn] * trial.workers, policy, init_fn=_worker_init, **multi)
-    return collector, {"class": cls.__name__, "kwargs": {**multi, "num_workers": trial.workers}}
+    collector = cls([env_fn] * workers, policy, init_fn=worker_init, **multi)
+    return collector, {"class": cls.__name__, "kwargs": {**multi, "num_workers": workers}}
 
 
 def completed_episodes(data: TensorDictBase) -> tuple[list[float], list[int]]:
@@ -266,10 +297,7 @@ class TorchrlAdapter:
             from crossrl.core.cluster import connect
 
             tags = connect(trial.ray_address)
-        probe = _gym_env(trial.env)
-        obs_dim = int(probe.observation_spec["observation"].shape[-1])
-        n_actions = int(probe.action_spec.space.n)
-        probe.close()
+        obs_dim, n_actions = env_dims(trial.env)
         learner = build_learner(trial=trial, obs_dim=obs_dim, n_actions=n_actions)
         collector, collector_desc = build_collector(trial=trial, policy=learner.policy)
         try:

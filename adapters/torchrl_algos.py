@@ -26,7 +26,7 @@ from torchrl.objectives.value import GAE, VTrace
 from crossrl.core.maths import mean_stats
 from crossrl.core.models import build_mlp, count_params
 from crossrl.scenarios import metrics as M
-from crossrl.scenarios.spec import Trial
+from crossrl.scenarios.spec import ModelSpec, Trial
 
 OBS_KEY = "observation"
 
@@ -35,6 +35,11 @@ PRIORITIZED_REPLAY_UNAVAILABLE = (
     "extension (SumSegmentTreeFp32), which does not load with torch 2.13. Set prioritized_replay: false "
     "for dqn on torchrl, or run it on crossrl (apex/prioritized replay is not offered on torchrl)."
 )
+
+
+def build_actor_net(*, obs_dim: int, n_actions: int, model: ModelSpec) -> nn.Module:
+    """The policy's MLP: ``n_actions`` logits, the last layer scaled by 0.01 (a near-uniform first policy)."""
+    return build_mlp(in_dim=obs_dim, out_dim=n_actions, model=model, out_gain=0.01)
 
 
 def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
@@ -69,7 +74,7 @@ class OnPolicyLearner:
     def __init__(self, *, trial: Trial, obs_dim: int, n_actions: int) -> None:
         self.trial = trial
         self.algo = trial.algorithm
-        self.actor_net = build_mlp(in_dim=obs_dim, out_dim=n_actions, model=trial.model, out_gain=0.01)
+        self.actor_net = build_actor_net(obs_dim=obs_dim, n_actions=n_actions, model=trial.model)
         self.critic_net = build_mlp(in_dim=obs_dim, out_dim=1, model=trial.model)
         self.actor = build_actor(net=self.actor_net, n_actions=n_actions)
         self.critic = ValueOperator(self.critic_net, in_keys=[OBS_KEY])

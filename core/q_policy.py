@@ -25,7 +25,8 @@ from torch.nn import functional as F
 from crossrl.core import maths
 from crossrl.core import sample_batch as sb
 from crossrl.core.models import build_mlp
-from crossrl.core.policy import Policy, _np_forward, _np_layers, _NpLayer
+from crossrl.core.numpy_net import NpLayer, np_forward, np_layers
+from crossrl.core.policy import Policy
 from crossrl.core.sample_batch import SampleBatch
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ModelSpec
@@ -64,15 +65,13 @@ class QPolicy(Policy):
         self.q = build_mlp(in_dim=self.obs_dim, out_dim=self.num_actions, model=model, out_gain=1.0)
         self.target = copy.deepcopy(self.q).requires_grad_(False)
         self.params = list(self.q.parameters())
-        self.optimizer = torch.optim.Adam(
-            self.params, lr=float(self.hp["lr"]), eps=float(self.hp.get("adam_eps", 1e-8))
-        )
+        self.optimizer = torch.optim.Adam(self.params, lr=float(self.hp["lr"]), eps=float(self.hp["adam_eps"]))
         self.gamma = float(self.hp["gamma"])
-        self.n_step = int(self.hp.get("n_step", 1))
-        self.double_q = bool(self.hp.get("double_q", True))
-        self.epsilon = float(self.hp.get("epsilon_initial", 1.0))
-        self._np_q: list[_NpLayer] | None = None  # numpy copies for acting and priorities, dropped on change
-        self._np_target: list[_NpLayer] | None = None
+        self.n_step = int(self.hp["n_step"])
+        self.double_q = bool(self.hp["double_q"])
+        self.epsilon = float(self.hp["epsilon_initial"])
+        self._np_q: list[NpLayer] | None = None  # numpy copies for acting and priorities, dropped on change
+        self._np_target: list[NpLayer] | None = None
 
     # -- acting ------------------------------------------------------------------------------------
     def set_epsilon(self, epsilon: float) -> None:
@@ -86,10 +85,10 @@ class QPolicy(Policy):
         if self._np_q is None or self._np_target is None:
             weights = self.get_weights()
             act = self.model_spec.activation
-            self._np_q = _np_layers(weights, "", act)
-            self._np_target = _np_layers(weights, _TARGET_PREFIX, act)
+            self._np_q = np_layers(weights, "", act)
+            self._np_target = np_layers(weights, _TARGET_PREFIX, act)
         layers = self._np_target if target else self._np_q
-        return _np_forward(layers, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))
+        return np_forward(layers, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))
 
     def _weights_changed(self) -> None:
         self._np_q = self._np_target = None
@@ -133,7 +132,7 @@ class QPolicy(Policy):
         )
         if valid is not None:
             out[sb.VALID] = valid
-        if self.hp.get("prioritized_replay"):
+        if self.hp["prioritized_replay"]:
             out[sb.PRIORITIES] = np.abs(self._np_td_error(out)).reshape(returns.shape).astype(np.float32)
         return out
 
@@ -199,7 +198,7 @@ class QPolicy(Policy):
         loss, td, stats = self._loss_and_td(self.to_tensors(batch))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        stats["grad_norm"] = self._clip()
+        stats[M.DIAG_GRAD_NORM] = self._clip()
         self.optimizer.step()
         self._weights_changed()
         return stats, np.abs(td.numpy())
@@ -209,9 +208,8 @@ class QPolicy(Policy):
         return stats
 
     def _clip(self) -> float:
-        clip = self.hp.get("grad_clip")
-        norm = nn.utils.clip_grad_norm_(self.params, float(clip) if clip else float("inf"))
-        return float(norm)
+        """Clip the gradients to ``grad_clip`` (global norm); returns the norm before clipping."""
+        return float(nn.utils.clip_grad_norm_(self.params, float(self.hp["grad_clip"])))
 
     def compute_gradients(self, batch: SampleBatch) -> tuple[list[np.ndarray], dict[str, float]]:
         loss, stats = self.loss(self.to_tensors(batch.flatten()))

@@ -93,15 +93,13 @@ HYPERPARAM_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
     "apex": {**_REPLAY, "n_step": 3, "prioritized_replay": True, "num_replay_shards": 2, "learning_starts": 2_000},
 }
 
-# Settings only crossrl's core has: no shared name, nothing to map on RLlib or TorchRL, so a spec cannot set
-# them. The crossrl engine overlays the trial's hyperparameters on them ({**CROSSRL_SETTINGS[alg], **hp}) and
-# records the result in its native config; its code indexes every one (no default anywhere else).
+# What crossrl's core needs beyond the shared defaults: settings with no shared name (nothing to map on
+# RLlib or TorchRL, so a spec cannot set them), and crossrl's value for a shared name an algorithm has no
+# shared default for (A2C's single SGD pass). The crossrl engine overlays the trial's hyperparameters on
+# them ({**CROSSRL_SETTINGS[alg], **hp}: a spec always wins) and records the result in its native config;
+# the core indexes every name (no default anywhere else; tests/unit/test_defaults.py checks both).
 _CROSSRL_ON_POLICY: dict[str, Any] = {
     "adam_eps": 1.0e-5,
-    # SGD over each train batch: passes and minibatch size (None: the whole batch in one step). PPO's
-    # spec values (shared names) win over these.
-    "epochs": 1,
-    "minibatch": None,
     "normalize_advantages": False,  # per minibatch, as TorchRL's and crossrl's PPO do
     # async_samples / async_gradients: env steps sampled per reported point (at least train_batch)
     "iteration_env_steps": 1000,
@@ -117,14 +115,16 @@ _CROSSRL_REPLAY: dict[str, Any] = {
     # async_replay: the driver holds sampling back while the learner is this many transitions short of
     # replay_ratio (None: never)
     "max_replay_lag": None,
-    # replay shards when a dqn spec runs under async_replay (apex sets num_replay_shards itself)
-    "num_replay_shards": 1,
 }
+# One SGD step per train batch for the non-PPO policy-gradient algorithms: one pass (epochs), the whole
+# batch (minibatch None). PPO's shared defaults set both; a spec may set them for any of these.
+_ONE_PASS: dict[str, Any] = {"epochs": 1, "minibatch": None}
 CROSSRL_SETTINGS: Final[dict[str, dict[str, Any]]] = {
     "ppo": {**_CROSSRL_ON_POLICY, "normalize_advantages": True},
-    "a2c": dict(_CROSSRL_ON_POLICY),
-    "a3c": dict(_CROSSRL_ON_POLICY),
-    "impala": dict(_CROSSRL_ON_POLICY),
-    "dqn": dict(_CROSSRL_REPLAY),
+    "a2c": {**_CROSSRL_ON_POLICY, **_ONE_PASS},
+    "a3c": {**_CROSSRL_ON_POLICY, **_ONE_PASS},
+    "impala": {**_CROSSRL_ON_POLICY, **_ONE_PASS},
+    # one replay shard when a dqn spec runs under async_replay (apex's shared defaults set num_replay_shards)
+    "dqn": {**_CROSSRL_REPLAY, "num_replay_shards": 1},
     "apex": {**_CROSSRL_REPLAY, "max_replay_lag": 2_000},
 }

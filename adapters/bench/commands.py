@@ -19,10 +19,11 @@ from typing import Any
 
 from crossrl.adapters.bench.results import E2ERow, E2ETable, Overhead, SpeedTable, add_scaling, speed_rows
 from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, measure
+from crossrl.scenarios import catalog
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
-SAMPLING_ENGINES = ("raw", "crossrl", "rllib", "torchrl")
+SAMPLING_ENGINES = ("raw", *catalog.ENGINES)  # raw: plain processes stepping the envs
 Progress = Callable[[str], None]  # one line of progress text
 
 

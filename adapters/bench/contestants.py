@@ -1,10 +1,12 @@
 """The sampling contestants, as they run inside one fresh measurement process (see :mod:`.samplers`).
 
 Each ``setup_<engine>`` (raw and crossrl here, RLlib and TorchRL in :mod:`.others`) builds its
-engine's sampler for ``workers x envs_per_worker`` envs and returns a :class:`Contestant`: ``step()``
-runs one iteration (one weight broadcast, then ``fragment`` env steps per env on every worker,
-gathered on the driver) and returns the env steps it sampled; ``close()`` releases it. No
-contestant learns. :func:`time_windows` turns ``step`` into steps/s figures.
+engine's sampler for ``workers x envs_per_worker`` envs and returns a :class:`~.base.Contestant`:
+``step()`` runs one iteration (one weight broadcast, then ``fragment`` env steps per env on every
+worker, gathered on the driver) and returns the env steps it sampled; ``close()`` releases it. No
+contestant learns. The engines are built by the adapters' own builders (:mod:`crossrl.adapters.crossrl`,
+:mod:`crossrl.adapters.rllib`, :mod:`crossrl.adapters.torchrl`). :func:`time_windows` turns ``step``
+into steps/s figures.
 
 Run through ``python -m crossrl.adapters.bench._child REQUEST.json RESULT.json`` by :mod:`.samplers`.
 """
@@ -13,27 +15,17 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from crossrl.core.cluster import LOCAL_RAY_ENV
+from crossrl.adapters.bench.base import Contestant, getpid, ray_up
+from crossrl.adapters.bench.others import setup_rllib, setup_torchrl
+from crossrl.scenarios import catalog
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
-ENGINES = ("raw", "crossrl", "rllib", "torchrl")
-
-
-@dataclass
-class Contestant:
-    """One engine's sampler, set up: ``step() -> env steps sampled``; ``close()`` releases it."""
-
-    step: Callable[[], int]
-    close: Callable[[], None]
-    info: dict[str, Any] = field(default_factory=dict)
-    worker_pids: Callable[[], list[int]] = list  # the processes that step the envs
+ENGINES = ("raw", *catalog.ENGINES)  # raw: plain processes stepping the envs, the machine's own limit
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -75,18 +67,6 @@ def time_windows(
                 break
         out.append(n / elapsed)
     return out
-
-
-def _ray_up(workers: int) -> None:
-    """A local Ray on 127.0.0.1 with a whole (logical) CPU per worker, even past the machine's cores.
-
-    Latency-bound workers sleep most of the time, so 16 of them on 2 cores is the point of the
-    scaling benchmark; telling Ray ``max(workers, cores)`` CPUs keeps every actor at ``num_cpus=1``
-    (the engines' defaults) instead of per-engine fractional shares.
-    """
-    from crossrl.core import cluster
-
-    cluster.connect(None, num_cpus=max(workers, os.cpu_count() or 1))
 
 
 # raw: gymnasium's own vector env with random actions, one process per worker (the limit)
@@ -161,25 +141,24 @@ def setup_crossrl(
     import ray
 
     from crossrl.adapters.bench.nolearn import NoLearnPolicy
+    from crossrl.adapters.crossrl import start_core
     from crossrl.core.algorithms import load
-    from crossrl.core.evaluator import EvaluatorSet
-    from crossrl.core.optimizers.base import load_optimizer
-    from crossrl.core.policy import PolicySpec
 
-    _ray_up(workers)
+    ray_up(workers)
     alg = load("ppo")
     batch = fragment * workers * envs_per_worker
     hp = {**alg.hyperparams(alg_defaults("ppo")), "train_batch": batch, "rollout_fragment": fragment}
-    evaluators = EvaluatorSet(
+    evaluators, opt = start_core(
         env_spec=env_spec,
-        num_envs=envs_per_worker,
-        policy_factory=PolicySpec(policy_cls=NoLearnPolicy, hyperparams=hp, model=model),
-        num_remote=workers,
+        workers=workers,
+        envs_per_worker=envs_per_worker,
+        policy_cls=NoLearnPolicy,
+        hyperparams=hp,
+        model=model,
+        optimizer=optimizer,
         seed=0,
         remote_num_cpus=1.0,
     )
-    opt = load_optimizer(optimizer)(evaluators, hyperparams=hp)
-    ray.get([r.ping.remote() for r in evaluators.remotes])
 
     def close() -> None:
         opt.stop()
@@ -187,7 +166,7 @@ def setup_crossrl(
         ray.shutdown()
 
     def pids() -> list[int]:
-        return [int(p) for p in ray.get([r.apply.remote(_getpid) for r in evaluators.remotes])]
+        return [int(p) for p in ray.get([r.apply.remote(getpid) for r in evaluators.remotes])]
 
     info = {
         "optimizer": optimizer,
@@ -195,10 +174,6 @@ def setup_crossrl(
         "actor_blas": ray.get(evaluators.remotes[0].apply.remote(_blas)),
     }
     return Contestant(lambda: opt.step().env_steps_sampled, close, info, pids)
-
-
-def _getpid(_: Any) -> int:
-    return os.getpid()
 
 
 def _blas(_: Any) -> list[str]:
@@ -215,8 +190,6 @@ def alg_defaults(name: str) -> dict[str, Any]:
 
 
 def _setups() -> dict[str, Callable[..., Contestant]]:
-    from crossrl.adapters.bench.others import setup_rllib, setup_torchrl
-
     return {"raw": setup_raw, "crossrl": setup_crossrl, "rllib": setup_rllib, "torchrl": setup_torchrl}
 
 
@@ -310,8 +283,7 @@ class CpuMeter:
 
 
 def main(argv: list[str]) -> int:
-    for k, v in LOCAL_RAY_ENV.items():
-        os.environ.setdefault(k, v)  # before Ray is imported (it reads them at import time)
+    # LOCAL_RAY_ENV is already set: importing .base imported crossrl.core.cluster, before any Ray import.
     with open(argv[1]) as f:
         request = json.load(f)
     if request.get("profile"):

@@ -110,7 +110,7 @@ def _cpu_per_step(r: SamplerResult) -> dict[str, float]:
     """CPU microseconds per env step of the contestant's processes (env-stepping ones and the driver).
 
     Tells a latency-bound measurement from a CPU-bound one: where a 2 ms sleep costs a virtual machine
-    ~80 us of CPU (session 4's host), 16 workers stepping a 2 ms latency env already fill 2 cores.
+    ~80 us of CPU (docs/performance.md), 16 workers stepping a 2 ms latency env already fill 2 cores.
     """
     cpu = r.cpu or {}
     if "workers_cpus" not in cpu or not r.steps_per_s:
@@ -217,7 +217,7 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
         t.add_column("efficiency", justify="right")
     t.add_column("CPUs busy: machine / workers", justify="right")
     t.add_column("CPU us/step", justify="right")
-    cores = int(table.conditions.get("machine_cores") or 0)  # absent in results from before session 4
+    cores = int(table.conditions.get("machine_cores") or 0)  # absent in older bench results
     any_bound = False
     for r in sorted(table.rows, key=lambda r: ((r.fragment or 0) if sweep else 0, r.workers, r.engine)):
         cells = [

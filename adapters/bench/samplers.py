@@ -16,7 +16,6 @@ on each of the ``workers x envs_per_worker`` envs, gathered on the driver. Env s
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import tempfile
@@ -112,6 +111,7 @@ def measure(
 
 def run_child(request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
     """Run one measurement process (own session) and return its JSON result; raise :class:`BenchError`."""
+    from crossrl.adapters.procs import kill_tree
     from crossrl.adapters.runner import child_env
 
     with tempfile.TemporaryDirectory(prefix="crossrl-bench-") as tmp:
@@ -129,7 +129,7 @@ def run_child(request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
             try:
                 code = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                _kill_tree(proc.pid)
+                kill_tree(proc.pid, grace_s=0)  # a hung measurement: SIGKILL it and its Ray cluster
                 proc.wait()
                 raise BenchError(
                     f"{request['engine']}: no result within {timeout_s:.0f} s; log:\n{_tail(log)}"
@@ -142,23 +142,6 @@ def run_child(request: dict[str, Any], *, timeout_s: float) -> dict[str, Any]:
 
 def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:]
-
-
-def _kill_tree(pid: int) -> None:
-    """SIGKILL the process we started and everything under it (its Ray cluster too)."""
-    import psutil
-
-    try:
-        root = psutil.Process(pid)
-        procs = [*root.children(recursive=True), root]
-    except psutil.Error:
-        return
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.Error:
-            pass
-    psutil.wait_procs(procs, timeout=10)
 
 
 def sample_raw(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, seconds: float, **kw: Any) -> SamplerResult:

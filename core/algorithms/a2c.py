@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from crossrl.core import sample_batch as sb
+from crossrl.core.actor_critic import ActorCriticPolicy
 from crossrl.core.algorithms import AlgorithmDef
-from crossrl.core.policy import ActorCriticPolicy
 from crossrl.scenarios import metrics as M
 
 if TYPE_CHECKING:

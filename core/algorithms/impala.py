@@ -12,8 +12,8 @@ import numpy as np
 
 from crossrl.core import maths
 from crossrl.core import sample_batch as sb
+from crossrl.core.actor_critic import ActorCriticPolicy
 from crossrl.core.algorithms import AlgorithmDef
-from crossrl.core.policy import ActorCriticPolicy
 from crossrl.scenarios import metrics as M
 
 if TYPE_CHECKING:

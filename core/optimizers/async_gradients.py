@@ -18,7 +18,7 @@ from ray.exceptions import RayActorError
 
 from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.maths import mean_stats
-from crossrl.core.optimizers.async_samples import _cancel
+from crossrl.core.optimizers.async_samples import cancel_in_flight
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
 from crossrl.scenarios import metrics as M
 
@@ -72,7 +72,7 @@ class AsyncGradientsOptimizer(PolicyOptimizer):
         return self._account(stats)
 
     def stop(self) -> None:
-        _cancel(self._in_flight)
+        cancel_in_flight(self._in_flight)
 
 
 OPTIMIZER = AsyncGradientsOptimizer

@@ -184,10 +184,11 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         self.learner.stopped.set()
         if self.learner.is_alive():
             self.learner.join(timeout=10)
-        _cancel(self._in_flight)
+        cancel_in_flight(self._in_flight)
 
 
-def _cancel(in_flight: dict[ray.ObjectRef, int]) -> None:
+def cancel_in_flight(in_flight: dict[ray.ObjectRef, int]) -> None:
+    """Cancel every call in ``in_flight`` (best effort) and empty it."""
     for ref in in_flight:
         try:
             ray.cancel(ref, force=False)

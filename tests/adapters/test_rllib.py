@@ -168,7 +168,7 @@ def test_rl_module_is_the_spec_mlp(algorithm: str, n_params: int) -> None:
 def test_env_creator_builds_the_spec_env_with_latency() -> None:
     from crossrl.core.envs import StepLatency
 
-    env = R._env_creator({"env_spec": {"id": "CartPole-v1", "step_latency_ms": 2.0}})
+    env = R.env_creator({"env_spec": {"id": "CartPole-v1", "step_latency_ms": 2.0}})
     assert isinstance(env, StepLatency) and env.spec is not None and env.spec.id == "CartPole-v1"
     env.reset(seed=0)
     t0 = time.perf_counter()

@@ -79,7 +79,9 @@ def main() -> None:
         env_spec=EnvSpec(id=args.env),
         num_envs=args.envs,
         policy_factory=PolicySpec(
-            policy_cls=alg.policy_cls, hyperparams=HYPERPARAM_DEFAULTS["ppo"], model=ModelSpec(hidden=(64, 64))
+            policy_cls=alg.policy_cls,
+            hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]),
+            model=ModelSpec(hidden=(64, 64)),
         ),
         num_remote=args.workers,
         seed=0,

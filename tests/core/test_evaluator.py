@@ -150,7 +150,7 @@ def test_policy_rejects_unsupported_spaces() -> None:
         alg.policy_cls(
             observation_space=gym.spaces.Box(-1, 1, (3,)),
             action_space=gym.spaces.MultiBinary(2),
-            hyperparams=HYPERPARAM_DEFAULTS["ppo"],
+            hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]),
             model=ModelSpec(),
             seed=0,
         )

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from crossrl.core import algorithms
 from crossrl.core import sample_batch as sb
 from crossrl.core.evaluator import EvaluatorSet, PolicyEvaluator
 from crossrl.core.optimizers.sync_replay import SyncReplayOptimizer
@@ -22,11 +23,16 @@ from crossrl.scenarios.spec import EnvSpec, ModelSpec
 CARTPOLE = EnvSpec(id="CartPole-v1")
 
 
+def resolved(algorithm: str) -> dict[str, Any]:
+    """The hyperparameters the crossrl engine gives a policy: shared defaults over crossrl's own settings."""
+    return algorithms.load(algorithm).hyperparams(HYPERPARAM_DEFAULTS[algorithm])
+
+
 def make_policy(**hp: Any) -> QPolicy:
     return QPolicy(
         observation_space=gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
         action_space=gym.spaces.Discrete(2),
-        hyperparams={**HYPERPARAM_DEFAULTS["dqn"], **hp},
+        hyperparams={**resolved("dqn"), **hp},
         model=ModelSpec(hidden=(8,)),
         seed=0,
     )
@@ -122,7 +128,7 @@ def test_weights_round_trip_and_target_update() -> None:
 
 
 def test_worker_postprocessing_n_step_columns_and_priorities() -> None:
-    hp = {**HYPERPARAM_DEFAULTS["apex"], "n_step": 3}
+    hp = {**resolved("apex"), "n_step": 3}
     ev = PolicyEvaluator(
         env_spec=CARTPOLE,
         num_envs=3,
@@ -154,7 +160,7 @@ def test_worker_postprocessing_n_step_columns_and_priorities() -> None:
 
 def test_sync_replay_local_counts_and_learns_without_ray() -> None:
     hp = {
-        **HYPERPARAM_DEFAULTS["dqn"],
+        **resolved("dqn"),
         "learning_starts": 200,
         "replay_ratio": 2.0,
         "train_batch": 16,

@@ -12,6 +12,7 @@ import ray
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.crossrl import CrossrlAdapter
+from crossrl.core import algorithms
 from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.optimizers.async_replay import AsyncReplayOptimizer
 from crossrl.core.policy import PolicySpec
@@ -85,7 +86,7 @@ def test_apex_async_replay_reports_common_metrics(monkeypatch: pytest.MonkeyPatc
 
 def test_apex_shards_fill_from_workers_and_epsilons_differ() -> None:
     trial = make_trial("apex", env_steps=1, **FAST)
-    hp = {**trial.hyperparams, "steps_per_iteration": 300}
+    hp = {**algorithms.load("apex").hyperparams(trial.hyperparams), "steps_per_iteration": 300}
     evaluators = EvaluatorSet(
         env_spec=trial.env,
         num_envs=2,

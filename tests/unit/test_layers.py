@@ -2,7 +2,8 @@
 
 ``scenarios/`` is the ground floor (it imports nothing else from crossrl); ``core/`` (the crossrl
 engine) and ``reports/`` stand on it and never on each other; ``adapters/`` stands on all three;
-``cli.py`` sits on top. Read from the source with ``ast``, so an import inside a function counts too.
+``cli.py`` sits on top. Inside a layer no two modules import each other (directly or round a longer
+cycle). Read from the source with ``ast``, so an import inside a function counts too.
 """
 
 from __future__ import annotations
@@ -63,6 +64,50 @@ def check_layers(root: Path) -> list[str]:
     return problems
 
 
+def _module_graph(root: Path) -> dict[str, set[str]]:
+    """crossrl module -> the crossrl modules it imports (at any depth of the file), for the layered files."""
+    files = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if _layer(rel) is None:
+            continue
+        parts = list(rel.with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        files[".".join(["crossrl", *parts])] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in files.items():
+        edges = graph.setdefault(module, set())
+        for _, imported, names in _imports(ast.parse(path.read_text())):
+            edges |= {f"{imported}.{n}" for n in names if f"{imported}.{n}" in files}
+            if imported in files and not any(f"{imported}.{n}" in files for n in names):
+                edges.add(imported)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle (its modules in order, the first repeated at the end), or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return []
+
+
 def _copy_layers(dst: Path) -> None:
     for name in ("scenarios", "core", "reports", "adapters"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.json"))
@@ -96,4 +141,21 @@ def test_a_planted_private_import_is_named(tmp_path: Path) -> None:
     assert check_layers(tmp_path) == [
         "adapters/planted.py:1: `from crossrl.core.envs import _private, make_env`: imports a private name of"
         " another module"
+    ]
+
+
+def test_no_two_modules_import_each_other() -> None:
+    assert find_cycle(_module_graph(ROOT)) == []
+
+
+def test_a_planted_import_cycle_is_named(tmp_path: Path) -> None:
+    _copy_layers(tmp_path)
+    (tmp_path / "adapters" / "bench" / "planted_a.py").write_text("from crossrl.adapters.bench import planted_b\n")
+    (tmp_path / "adapters" / "bench" / "planted_b.py").write_text(
+        "def f():\n    from crossrl.adapters.bench.planted_a import g\n"
+    )
+    assert find_cycle(_module_graph(tmp_path)) == [
+        "crossrl.adapters.bench.planted_a",
+        "crossrl.adapters.bench.planted_b",
+        "crossrl.adapters.bench.planted_a",
     ]
