@@ -1,11 +1,13 @@
 """The `crossrl` command: thin; each command parses, calls one library function, prints.
 
 Engines and heavy libraries are imported inside the commands, so `crossrl --help` answers at once.
-Exit codes: 0 success, 1 a trial failed / a regression, 2 unusable input, 130 interrupted.
+Exit codes: 0 success, 1 a trial failed / a regression, 2 unusable input; `crossrl run` stopped by a signal:
+128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), after the summary. `crossrl ui` stopped by one: 0.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +46,22 @@ def _fail(problems: list[str], code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _open_store(tracking_uri: str | None, results_dir: Path) -> Any:
+    """The results store, after marking KILLED any run whose process died without closing it (one line each)."""
+    from crossrl.reports.store import ResultsStore
+
+    store = ResultsStore(tracking_uri, results_dir=results_dir)
+    try:
+        reaped = store.reap_orphans()
+    except Exception as e:  # an unreachable server: the command's own store calls will say so
+        typer.echo(f"note: could not check {store.uri} for runs left RUNNING: {type(e).__name__}: {e}", err=True)
+        return store
+    for parent_id in reaped:
+        reason = store.parent_run(parent_id).data.tags.get("reason", "")
+        typer.echo(f"note: run {parent_id} was left RUNNING and is now marked KILLED: {reason}", err=True)
+    return store
+
+
 def _csv_ints(text: str | None, flag: str) -> list[int] | None:
     if text is None:
         return None
@@ -79,18 +97,25 @@ def _main(
 
 
 def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
+    """The checked spec and its path; exit 2 with one line per problem, including an env that cannot be
+    built with the spec's kwargs (built once, as the engines build it, before anything runs or is stored)."""
     from crossrl.adapters.registry import engine_ids
-    from crossrl.scenarios.loader import SpecError, load
+    from crossrl.core.envs import check_env
+    from crossrl.scenarios.loader import SpecError, load, spec_label
 
     try:
-        return load(spec, overrides=overrides, engines=engine_ids())
+        scenario, path = load(spec, overrides=overrides, engines=engine_ids())
     except SpecError as e:
         _fail(e.problems)
+    problem = check_env(scenario.env)
+    if problem:
+        _fail([f"{spec_label(path)}: {problem}"])
+    return scenario, path
 
 
 @app.command()
 def validate(spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")]) -> None:
-    """Check a scenario spec: fields, values, env id, and what each engine can run."""
+    """Check a scenario spec: fields, values, env id and kwargs (the env is built once), what each engine can run."""
     from crossrl.adapters.registry import unsupported
 
     scenario, path = _load(spec)
@@ -167,12 +192,21 @@ def run(
     ] = False,
     no_report: Annotated[bool, typer.Option("--no-report", help="do not render the report at the end")] = False,
     report_dir: Annotated[Path | None, typer.Option("-o", "--report-dir", help="where the report goes")] = None,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            metavar="[PARENT_ID]",
+            help="take up the scenario's newest run (or PARENT_ID): rerun only its trials that did not end",
+        ),
+    ] = None,
 ) -> None:
     """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
     from crossrl.adapters.registry import require_supported
     from crossrl.adapters.runner import run_scenario
+    from crossrl.adapters.signals import Interrupted, stop_on_signals
     from crossrl.reports.console import RunDisplay
-    from crossrl.reports.store import ResultsStore, StoreError
+    from crossrl.reports.store import StoreError
     from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import SpecError
 
@@ -192,12 +226,12 @@ def run(
         except SpecError as e:
             _fail(e.problems)
     try:
-        store = ResultsStore(tracking_uri, results_dir=results_dir)
+        store = _open_store(tracking_uri, results_dir)
     except Exception as e:  # a bad URI or an unreachable server: say which
         _fail([f"results store {tracking_uri or results_dir}: {e}"])
     display = RunDisplay(_console(), scenario)
     try:
-        with display:
+        with stop_on_signals(), display:  # SIGTERM and SIGHUP stop the run as Ctrl-C does
             outcome = run_scenario(
                 scenario,
                 store=store,
@@ -206,18 +240,21 @@ def run(
                 skip_unsupported=skip_unsupported,
                 progress=display.event,
                 command=" ".join(sys.argv),
+                resume=resume,
             )
     except SpecError as e:
         _fail(e.problems)
     except StoreError as e:
         _fail([str(e)])
+    except KeyboardInterrupt as e:  # stopped while the parent run was being opened (the next command closes it)
+        raise typer.Exit(Interrupted.of(e).exit_code) from None
     display.summary(outcome, store)
     if not no_report and not outcome.interrupted:
         _render_report(
             store, parent_id=outcome.parent_id, out_dir=report_dir or results_dir / "reports" / scenario.name
         )
     if outcome.interrupted:
-        raise typer.Exit(130)
+        raise typer.Exit(Interrupted(outcome.stop_signal or signal.SIGINT).exit_code)
     if any(r.status in (M.FAILED, M.TIMEOUT) for r in outcome.results):
         raise typer.Exit(1)
 
@@ -239,11 +276,11 @@ def report(
     results_dir: ResultsDir = Path("crossrl-results"),
 ) -> None:
     """Render report.html, report.md and report.json for a scenario's newest run (or --run ID)."""
-    from crossrl.reports.store import ResultsStore, StoreError
+    from crossrl.reports.store import StoreError
 
     if not scenario and not run_id:
         _fail(["name a scenario or give --run PARENT_RUN_ID"])
-    store = ResultsStore(tracking_uri, results_dir=results_dir)
+    store = _open_store(tracking_uri, results_dir)
     try:
         if run_id is None:
             parents = store.parent_runs(scenario or "")
@@ -271,9 +308,9 @@ def regress(
     """Compare a run with a baseline. Exit 0: no regression; 1: a regression; 2: unusable input."""
     from crossrl.reports.api import run_regress
     from crossrl.reports.regress import BaselineError
-    from crossrl.reports.store import ResultsStore, StoreError
+    from crossrl.reports.store import StoreError
 
-    store = ResultsStore(tracking_uri, results_dir=results_dir)
+    store = _open_store(tracking_uri, results_dir)
     try:
         code, md = run_regress(
             store,
@@ -304,9 +341,9 @@ def baseline_update(
 ) -> None:
     """Write a baseline (schema version, fingerprint, versions, machine, per-seed values) from a run."""
     from crossrl.reports.api import update_baseline
-    from crossrl.reports.store import ResultsStore, StoreError
+    from crossrl.reports.store import StoreError
 
-    store = ResultsStore(tracking_uri, results_dir=results_dir)
+    store = _open_store(tracking_uri, results_dir)
     try:
         data = update_baseline(store, scenario=scenario, parent_id=run_id, out=out)
     except StoreError as e:
@@ -494,14 +531,34 @@ def ui(
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
 ) -> None:
-    """Start the MLflow UI on 127.0.0.1 over the same store and print its URL."""
-    from crossrl.reports.ui import serve
+    """Start the MLflow UI on 127.0.0.1 over the same store and print its URL; Ctrl-C, SIGTERM or SIGHUP stop it."""
+    from crossrl.adapters.procs import run_until_stopped
+    from crossrl.reports.store import is_embedded, resolve_tracking_uri
+    from crossrl.reports.ui import server_command
 
-    raise typer.Exit(serve(tracking_uri=tracking_uri, results_dir=results_dir, port=port))
+    if is_embedded(resolve_tracking_uri(tracking_uri, results_dir)):
+        _open_store(tracking_uri, results_dir)
+    cmd = server_command(tracking_uri=tracking_uri, results_dir=results_dir, port=port)
+    raise typer.Exit(0 if cmd is None else run_until_stopped(cmd))
 
 
 def main() -> None:
+    import os
+
+    # MLflow's INFO lines (schema creation on a fresh store, ...) are not the user's business; warnings are.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    sys.argv[1:] = _optional_resume_value(sys.argv[1:])
     app()
+
+
+def _optional_resume_value(args: list[str]) -> list[str]:
+    """``--resume`` may stand alone (the scenario's newest run): give it the value ``latest`` then."""
+    out = []
+    for i, arg in enumerate(args):
+        out.append(arg)
+        if arg == "--resume" and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            out.append("latest")
+    return out
 
 
 if __name__ == "__main__":

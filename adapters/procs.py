@@ -6,10 +6,14 @@ processes) under it, so ending it means ending everything below it too.
 
 from __future__ import annotations
 
+import os
 import signal
-from collections.abc import Iterable
+import subprocess
+from collections.abc import Iterable, Sequence
 
 import psutil
+
+from crossrl.adapters.signals import deliver, held_signals, stop_on_signals
 
 REAP_TIMEOUT_S = 10.0  # how long to wait for SIGKILLed processes to be gone
 
@@ -49,3 +53,35 @@ def kill_procs(procs: Iterable[psutil.Process], *, grace_s: float) -> None:
 def kill_tree(pid: int, *, grace_s: float) -> None:
     """:func:`kill_procs` over ``pid`` and everything under it."""
     kill_procs(process_tree(pid), grace_s=grace_s)
+
+
+def group_and_tree(pgid: int) -> list[psutil.Process]:
+    """Every process of process group ``pgid`` (re-parented ones too) and all their descendants."""
+    procs = {p.pid: p for p in process_tree(pgid)}
+    for p in psutil.process_iter():
+        try:
+            if p.pid not in procs and os.getpgid(p.pid) == pgid:
+                procs.update((q.pid, q) for q in process_tree(p.pid))
+        except (OSError, psutil.Error):
+            continue
+    return list(procs.values())
+
+
+def run_until_stopped(cmd: Sequence[str], *, grace_s: float = 10.0) -> int:
+    """Run ``cmd`` in its own session until it ends or a stop signal comes (Ctrl-C, SIGTERM, SIGHUP).
+
+    Either way, everything it started goes with it: its process group and its tree get SIGTERM, then
+    SIGKILL after ``grace_s`` seconds. Returns its exit code; 0 when a stop signal ended it.
+    """
+    with stop_on_signals():
+        with held_signals() as early:  # a stop asked while it starts is taken below, where it can be cleaned up
+            proc = subprocess.Popen(list(cmd), start_new_session=True)
+        try:
+            deliver(early)
+            return proc.wait()
+        except KeyboardInterrupt:
+            return 0
+        finally:
+            with held_signals():
+                kill_procs(group_and_tree(proc.pid), grace_s=grace_s)
+                proc.poll()  # reaped

@@ -3,7 +3,8 @@
 Isolation: one process (and its own Ray cluster, torch threads, memory) per trial, in its own
 session, so a crash, a hang or an engine's global state cannot touch the next trial. The runner
 enforces the wall-clock budget (TIMEOUT), keeps partial metrics (points are streamed as they come),
-records FAILED with the traceback and goes on, and on Ctrl-C marks the running trial KILLED and stops.
+records FAILED with the traceback and goes on, and on a stop signal (Ctrl-C; SIGTERM or SIGHUP under
+`stop_on_signals`, as `crossrl run` does) marks the running trial KILLED, closes the parent run and stops.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import math
 import os
 import selectors
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,9 +28,11 @@ import psutil
 
 from crossrl.adapters.procs import kill_procs
 from crossrl.adapters.registry import require_supported, unsupported
+from crossrl.adapters.signals import Interrupted, deferred_signals, deliver, held_signals
 from crossrl.core.cluster import LOCAL_RAY_ENV
-from crossrl.reports.store import ResultsStore
+from crossrl.reports.store import HEARTBEAT_S, ResultsStore, StoreError
 from crossrl.scenarios import metrics as M
+from crossrl.scenarios.loader import SpecError
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 FLUSH_EVERY_S = 5.0  # buffered points reach the store at least this often
@@ -64,6 +66,7 @@ class RunOutcome:
     experiment_id: str
     results: list[TrialResult]
     interrupted: bool = False
+    stop_signal: int | None = None  # the signal that stopped the run (SIGINT for Ctrl-C), when interrupted
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -157,29 +160,33 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progress, log_dir: Path) -> TrialResult:
+class _Heartbeat:
+    """Beats the parent run's heartbeat at most every HEARTBEAT_S (called from the runner's loop)."""
+
+    def __init__(self, store: ResultsStore, parent_id: str) -> None:
+        self.store, self.parent_id = store, parent_id
+        self.last = time.monotonic()
+
+    def __call__(self) -> None:
+        if time.monotonic() - self.last >= HEARTBEAT_S:
+            self.last = time.monotonic()
+            with contextlib.suppress(Exception):  # a store that cannot take a beat now will take the next
+                self.store.heartbeat(self.parent_id)
+
+
+def _run_one(
+    trial: Trial,
+    *,
+    store: ResultsStore,
+    run_id: str,
+    progress: Progress,
+    log_dir: Path,
+    beat: Callable[[], None] = lambda: None,
+) -> TrialResult:
     """One trial in a child process; the store always ends with the trial's status and what it logged."""
     result = TrialResult(trial=trial, run_id=run_id, status=M.FAILED)
     log_path = log_dir / f"{trial.name}.log"
-    read_fd, write_fd = os.pipe()
     t0 = time.perf_counter()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "crossrl.adapters.trial_proc", str(write_fd)],
-            stdin=subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            pass_fds=(write_fd,),
-            start_new_session=True,
-            env=child_env(),
-        )
-    os.close(write_fd)
-    assert proc.stdin is not None
-    proc.stdin.write(trial.model_dump_json().encode())
-    proc.stdin.close()
-    meter = _TreeMeter(proc.pid)
-    sel = selectors.DefaultSelector()
-    sel.register(read_fd, selectors.EVENT_READ)
     pending: list[tuple[int, dict[str, float]]] = []
     last_flush = time.perf_counter()
     partial = b""
@@ -216,8 +223,28 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
         elif kind == "done":
             done = True
 
+    read_fd, write_fd = os.pipe()
+    with held_signals() as early:  # a stop asked while the trial process starts is taken in the try below
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "crossrl.adapters.trial_proc", str(write_fd)],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+                env=child_env(),
+            )
+        os.close(write_fd)
+        assert proc.stdin is not None
+        proc.stdin.write(trial.model_dump_json().encode())
+        proc.stdin.close()
+        meter = _TreeMeter(proc.pid)
+        sel = selectors.DefaultSelector()
+        sel.register(read_fd, selectors.EVENT_READ)
     eof = False
     try:
+        deliver(early)
         while not eof:
             if time.perf_counter() > deadline:
                 meter.kill_all()
@@ -231,13 +258,14 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
                     break
                 partial += chunk
                 *lines, partial = partial.split(b"\n")
-                with _sigint_deferred():  # store writes: never interrupted half-way (a held sqlite lock)
+                with deferred_signals():  # store writes: never interrupted half-way (a held sqlite lock)
                     for line in lines:
                         if line.strip():
                             handle(json.loads(line))
             meter.sample()
+            beat()
             if len(pending) >= FLUSH_EVERY_POINTS or time.perf_counter() - last_flush > FLUSH_EVERY_S:
-                with _sigint_deferred():
+                with deferred_signals():
                     flush()
         else:
             try:
@@ -252,54 +280,44 @@ def _run_one(trial: Trial, *, store: ResultsStore, run_id: str, progress: Progre
             else:
                 result.status = M.FAILED
                 result.reason = f"trial process exited with code {code} without reporting an error (crash?)"
-    except KeyboardInterrupt:
-        meter.kill_all()
-        result.status, result.reason = M.KILLED, "interrupted (Ctrl-C)"
-        raise
-    finally:
-        sel.close()
-        os.close(read_fd)
-        if proc.poll() is None:
+    except KeyboardInterrupt as e:
+        stop = Interrupted.of(e)
+        result.status, result.reason = M.KILLED, f"interrupted ({stop.label})"
+        stop.result = result
+        with held_signals():  # the trial's processes go, whatever else is asked meanwhile
             meter.kill_all()
-        result.wall_s = time.perf_counter() - t0
-        result.summary = summarize(result.points, target=trial.target_return, setup_s=setup_s)
-        result.summary[M.PEAK_RSS_MB] = meter.peak_rss / 2**20
-        result.summary[M.CPU_SECONDS] = meter.cpu_seconds
-        flush()
-        if error is not None:
-            store.log_text(run_id, error["traceback"], "traceback.txt")
-        store.log_file(run_id, log_path)
-        store.finish_trial(
-            run_id,
-            status=result.status,
-            reason=result.reason,
-            summary=result.summary,
-            history=result.points,
-            last_step=result.env_steps,
-        )
-        progress("trial_end", {"result": result})
-    return result
-
-
-@contextlib.contextmanager
-def _sigint_deferred() -> Any:
-    """Hold a Ctrl-C until the block is done, then hand it to the handler it was meant for: a store
-    write cut half-way can leave the embedded sqlite store locked for the writes that follow (the
-    trial's KILLED status among them). Nothing is held where SIGINT is ignored or not ours to catch."""
-    import threading
-
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
-        yield
-        return
-    caught: list[int] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
-    try:
-        yield
+        raise stop from None
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if caught:
-            previous(signal.SIGINT, None)  # Python's default handler raises KeyboardInterrupt
+        with held_signals() as late:  # the trial's end reaches the store whole, a stop signal or not
+            sel.close()
+            os.close(read_fd)
+            if proc.poll() is None:
+                meter.kill_all()
+            result.wall_s = time.perf_counter() - t0
+            result.summary = summarize(result.points, target=trial.target_return, setup_s=setup_s)
+            result.summary[M.PEAK_RSS_MB] = meter.peak_rss / 2**20
+            result.summary[M.CPU_SECONDS] = meter.cpu_seconds
+            flush()
+            if error is not None:
+                store.log_text(run_id, error["traceback"], "traceback.txt")
+            store.log_file(run_id, log_path)
+            store.finish_trial(
+                run_id,
+                status=result.status,
+                reason=result.reason,
+                summary=result.summary,
+                history=result.points,
+                last_step=result.env_steps,
+            )
+            progress("trial_end", {"result": result})
+        if late:  # asked to stop while the end was being recorded: the trial stands as recorded
+            try:
+                deliver(late)
+            except KeyboardInterrupt as e:
+                stop = Interrupted.of(e)
+                stop.result = result
+                raise stop from None
+    return result
 
 
 def run_scenario(
@@ -311,47 +329,123 @@ def run_scenario(
     skip_unsupported: bool = False,
     progress: Progress | None = None,
     command: str = "",
+    resume: str | None = None,
 ) -> RunOutcome:
     """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
 
     Raises ``SpecError`` before anything is stored when a trial is unsupported and
-    ``skip_unsupported`` is false. A KeyboardInterrupt marks the running trial KILLED and returns
-    with ``interrupted=True``; trials already finished stay as they are.
+    ``skip_unsupported`` is false. A stop (KeyboardInterrupt: Ctrl-C, or SIGTERM / SIGHUP under
+    :func:`~crossrl.adapters.signals.stop_on_signals`) marks the running trial KILLED with its partial
+    metrics and the signal's name as reason, closes the parent run KILLED with its counts and returns
+    with ``interrupted=True`` and ``stop_signal``; trials already finished stay as they are. Store writes
+    are never cut half-way by a stop signal: it is taken once the write is done.
+
+    ``resume`` (a parent run id, or ``"latest"``: the scenario's newest) takes up an earlier run of the
+    same spec under the same parent run: only its trials that did not end (interrupted, killed with the
+    runner, never started) run again; the interrupted attempts are kept, marked superseded. Refused
+    (``SpecError``) when the spec's fingerprint differs or the run is still alive.
     """
     trials = spec.trials(ray_address=ray_address)
     if not skip_unsupported:
         require_supported(trials)
     bad = {t.name: reason for t, reason in unsupported(trials)}
     notify = progress or (lambda _event, _payload: None)
-    parent_id = store.start_parent(spec, spec_path=spec_path, command=command)
+    ended: dict[str, str] = {}  # trial name -> status, for a resumed run's trials that need no new attempt
+    attempts: dict[str, list[str]] = {}  # trial name -> run ids of a resumed run's unfinished attempts
+    if resume is None:
+        parent_id = store.start_parent(spec, spec_path=spec_path, command=command)
+    else:
+        parent_id, ended, attempts = _resume_point(store, spec, resume)
+        store.reopen_parent(parent_id)
+        trials = [t for t in trials if t.name not in ended]
     experiment_id = store.experiment_id(spec.name)
     assert experiment_id is not None
     outcome = RunOutcome(parent_id=parent_id, experiment_id=experiment_id, results=[])
-    notify("start", {"trials": trials, "parent_id": parent_id})
-    _log_raw_speed(store, parent_id, spec, step=0)
-    with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
-        for index, trial in enumerate(trials):
-            run_id = store.start_trial(parent_id, trial, spec=spec)
-            if trial.name in bad:
-                store.finish_trial(run_id, status=M.SKIPPED, reason=bad[trial.name])
-                result = TrialResult(trial=trial, run_id=run_id, status=M.SKIPPED, reason=bad[trial.name])
-                outcome.results.append(result)
-                notify("trial_end", {"result": result})
-                continue
-            notify("trial_start", {"trial": trial, "index": index, "total": len(trials)})
-            try:
-                outcome.results.append(_run_one(trial, store=store, run_id=run_id, progress=notify, log_dir=Path(tmp)))
-            except KeyboardInterrupt:
+    started: tuple[Trial, str] | None = None  # the trial run opened last
+    stopped = ""  # the parent's reason when a stop signal ends the run
+    try:
+        notify("start", {"trials": trials, "parent_id": parent_id})
+        if resume is None:
+            _log_raw_speed(store, parent_id, spec, step=0)
+        beat = _Heartbeat(store, parent_id)
+        with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
+            for index, trial in enumerate(trials):
+                with deferred_signals():  # a stop asked meanwhile comes once the run id is known
+                    run_id = store.start_trial(parent_id, trial, spec=spec)
+                    started = (trial, run_id)
+                for earlier in attempts.get(trial.name, []):
+                    store.supersede(earlier, by=run_id)
+                if trial.name in bad:
+                    store.finish_trial(run_id, status=M.SKIPPED, reason=bad[trial.name])
+                    result = TrialResult(trial=trial, run_id=run_id, status=M.SKIPPED, reason=bad[trial.name])
+                    outcome.results.append(result)
+                    notify("trial_end", {"result": result})
+                    continue
+                notify("trial_start", {"trial": trial, "index": index, "total": len(trials)})
                 outcome.results.append(
-                    TrialResult(trial=trial, run_id=run_id, status=M.KILLED, reason="interrupted (Ctrl-C)")
+                    _run_one(trial, store=store, run_id=run_id, progress=notify, log_dir=Path(tmp), beat=beat)
                 )
-                outcome.interrupted = True
-                break
-    if not outcome.interrupted:
         _log_raw_speed(store, parent_id, spec, step=1)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP under stop_on_signals
+        stop = Interrupted.of(e)
+        outcome.interrupted, outcome.stop_signal = True, stop.signum
+        stopped = f"interrupted ({stop.label})"
+        with held_signals():  # the store is closed whole; the stop is under way already
+            if isinstance(stop.result, TrialResult):  # the trial _run_one ended and recorded
+                outcome.results.append(stop.result)
+            elif started is not None and started[1] not in {r.run_id for r in outcome.results}:
+                trial, run_id = started  # stopped between opening the trial run and starting its process
+                store.finish_trial(run_id, status=M.KILLED, reason=stopped)
+                outcome.results.append(TrialResult(trial=trial, run_id=run_id, status=M.KILLED, reason=stopped))
     status = M.KILLED if outcome.interrupted else M.FINISHED
-    store.finish_parent(parent_id, status=status, counts=outcome.counts())
+    counts = outcome.counts()
+    for earlier in ended.values():
+        counts[earlier] = counts.get(earlier, 0) + 1
+    with held_signals() as late:
+        store.finish_parent(parent_id, status=status, counts=counts, reason=stopped)
+    if late and not outcome.interrupted:  # the run ended whole; the stop asked meanwhile still stops the caller
+        outcome.interrupted, outcome.stop_signal = True, late[0]
     return outcome
+
+
+ENDED = (M.FINISHED, M.FAILED, M.TIMEOUT, M.SKIPPED)  # a trial in one of these needs no new attempt on resume
+
+
+def _resume_point(
+    store: ResultsStore, spec: ScenarioSpec, resume: str
+) -> tuple[str, dict[str, str], dict[str, list[str]]]:
+    """The parent run to resume, its trials that ended (name -> status) and its unfinished attempts (name -> ids)."""
+    store.reap_orphans()  # a run killed without cleanup is RUNNING until now
+    if resume == "latest":
+        parents = store.parent_runs(spec.name)
+        if not parents:
+            raise StoreError(f"--resume: no earlier `crossrl run` of {spec.name!r} in {store.uri}")
+        parent = parents[0]
+    else:
+        parent = store.parent_run(resume)
+    parent_id, tags = str(parent.info.run_id), parent.data.tags
+    if tags.get("crossrl.kind") != "parent" or tags.get("scenario") != spec.name:
+        raise SpecError([f"--resume: run {parent_id} is not a `crossrl run` of scenario {spec.name!r}"])
+    if parent.info.status == "RUNNING":
+        owner = f"pid {tags.get('owner.pid', '?')} on {tags.get('owner.host', '?')}"
+        raise SpecError([f"--resume: run {parent_id} is still running ({owner}); stop it first or wait for it"])
+    if tags.get("fingerprint") != spec.fingerprint():
+        raise SpecError(
+            [
+                f"--resume: the spec's fingerprint {spec.fingerprint()} differs from run {parent_id}'s "
+                f"{tags.get('fingerprint')}: the spec changed since that run; resume it with the spec it ran "
+                "(its spec.json artifact) or start a new run"
+            ]
+        )
+    ended: dict[str, str] = {}
+    attempts: dict[str, list[str]] = {}
+    for child in store.children(parent):
+        name, status = str(child.info.run_name), child.data.tags.get("status", "")
+        if status in ENDED:
+            ended[name] = status
+        else:
+            attempts.setdefault(name, []).append(str(child.info.run_id))
+    return parent_id, ended, attempts
 
 
 def _log_raw_speed(store: ResultsStore, parent_id: str, spec: ScenarioSpec, *, step: int) -> None:

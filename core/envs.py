@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gc
+import sys
 import time
+import warnings
+from collections.abc import Callable
 from typing import Any, cast
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from crossrl.scenarios.loader import registered_spec
+from crossrl.scenarios.loader import first_line, registered_spec
 from crossrl.scenarios.spec import EnvSpec
 
 
@@ -89,3 +93,56 @@ def make_vector_env(spec: EnvSpec, num_envs: int) -> gym.vector.VectorEnv:
     if spec.step_latency_ms == 0 and env_spec.vector_entry_point is not None:
         return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.kwargs)
     return SerialVectorEnv([lambda: make_env(spec) for _ in range(num_envs)])
+
+
+def check_env(spec: EnvSpec) -> str | None:
+    """Build the env once as the engines do; the problem on one line, or None when it works.
+
+    Builds :func:`make_env` (what RLlib and TorchRL step: the spec's kwargs and crossrl's wrappers),
+    resets it with seed 0 and takes one random step (without the simulated latency), then, where the
+    env has its own vector class, builds and resets that too (what crossrl steps, see
+    :func:`make_vector_env`); so kwargs the env does not accept fail before any trial starts.
+    """
+    kwargs = ", **kwargs" if spec.kwargs else ""
+    problem = _try_env(f"gymnasium.make({spec.id!r}{kwargs})", lambda: make_env(spec), step=True)
+    if problem is None and spec.step_latency_ms == 0 and registered_spec(spec.id).vector_entry_point is not None:
+        what = f"gymnasium.make_vec({spec.id!r}, num_envs=1{kwargs})"
+        problem = _try_env(what, lambda: make_vector_env(spec, 1), step=False)
+    return f"env: {problem}; check env.id and env.kwargs" if problem else None
+
+
+def _try_env(what: str, build: Callable[[], Any], *, step: bool) -> str | None:
+    # A constructor that fails can leave a half-built env whose __del__ raises when it is freed, which
+    # Python prints as a traceback (gymnasium 1.2's CartPoleVectorEnv does): such reports are silenced
+    # until the env is freed (collected, after a failure). Warnings (deprecations, the env checker's
+    # advice) are not problems of the spec either.
+    problem = None
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _: None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                env = build()
+            except Exception as e:
+                problem = f"{what} failed: {first_line(e)}"
+                return problem
+            try:
+                env.reset(seed=0)
+                if step:
+                    inner = env.env if isinstance(env, StepLatency) else env
+                    inner.action_space.seed(0)
+                    inner.step(inner.action_space.sample())
+            except Exception as e:
+                problem = f"{what}: {'reset/step' if step else 'reset'} failed: {first_line(e)}"
+            finally:
+                try:
+                    env.close()
+                except Exception:
+                    pass
+                del env
+        return problem
+    finally:
+        if problem:
+            gc.collect()
+        sys.unraisablehook = hook

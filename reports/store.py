@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from filelock import FileLock
+from filelock import Timeout as LockTimeout
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
@@ -49,6 +51,12 @@ _MLFLOW_STATUS = {
     M.TIMEOUT: "KILLED",
     M.SKIPPED: "KILLED",
 }
+# A parent run names its owner (host, pid and the pid's start time, so a reused pid is not taken for it)
+# and beats every HEARTBEAT_S. A RUNNING parent whose owner is gone (same host: the pid is dead or
+# another process; another host: no beat for STALE_AFTER_S) is an orphan: SIGKILL, OOM, power loss.
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 600.0
+SUPERSEDED_TAG = "crossrl.superseded_by"  # on a trial run that `crossrl run --resume` ran again
 _TRIAL_TAGS = ("engine", "engine_version", "algorithm", "optimizer", "workers", "envs_per_worker", "seed")
 
 
@@ -68,6 +76,39 @@ def resolve_tracking_uri(tracking_uri: str | None, results_dir: Path | None = No
 
 def is_embedded(uri: str) -> bool:
     return uri.startswith("sqlite:")
+
+
+# Several `crossrl run`, `report` and `ui` may share one embedded store. MLflow creates the sqlite schema
+# when a client first opens the store, and two processes doing it at once break it (`table latest_metrics
+# already exists`): opening the store holds a lock file next to the db. A connection that finds the db
+# busy with another process's write waits for it: MLflow's own sessions up to 20 s (its PRAGMA
+# busy_timeout), its other connections (the schema checks on opening) BUSY_TIMEOUT_S instead of
+# sqlite3's 5 s.
+BUSY_TIMEOUT_S = 60
+OPEN_LOCK_TIMEOUT_S = 300.0
+
+
+def with_busy_timeout(uri: str) -> str:
+    """``uri`` with sqlite's busy timeout (``?timeout=``, read by SQLAlchemy's sqlite driver) unless it has one."""
+    if not is_embedded(uri) or "timeout=" in uri.partition("?")[2]:
+        return uri
+    return f"{uri}{'&' if '?' in uri else '?'}timeout={BUSY_TIMEOUT_S}"
+
+
+def _open_client(uri: str) -> MlflowClient:
+    """MLflow's client on ``uri``; on an sqlite file, opened (schema created if new) under ``<db>.lock``."""
+    if not is_embedded(uri):
+        return MlflowClient(tracking_uri=uri)
+    db = uri.removeprefix("sqlite:///").partition("?")[0]
+    if not uri.startswith("sqlite:///") or db in ("", ":memory:"):
+        return MlflowClient(tracking_uri=with_busy_timeout(uri))
+    try:
+        with FileLock(f"{db}.lock", timeout=OPEN_LOCK_TIMEOUT_S):
+            return MlflowClient(tracking_uri=with_busy_timeout(uri))
+    except LockTimeout:
+        raise StoreError(
+            f"{db}.lock: another process has held the store's lock for {OPEN_LOCK_TIMEOUT_S:g} s (a hung opening?)"
+        ) from None
 
 
 def versions() -> dict[str, str]:
@@ -133,7 +174,7 @@ class ResultsStore:
     def __init__(self, tracking_uri: str | None = None, *, results_dir: Path | None = None) -> None:
         self.results_dir = (results_dir or DEFAULT_RESULTS_DIR).resolve()
         self.uri = resolve_tracking_uri(tracking_uri, self.results_dir)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = _open_client(self.uri)
 
     # -- writing -----------------------------------------------------------------------------------
     def experiment_id(self, scenario: str, *, create: bool = True) -> str | None:
@@ -155,6 +196,7 @@ class ResultsStore:
             "scenario": spec.name,
             "fingerprint": spec.fingerprint(),
             "command": command[:5000],
+            **_owner_tags(),
             **{f"version.{k}": v for k, v in versions().items()},
             **{f"machine.{k}": v for k, v in machine().items()},
         }
@@ -238,9 +280,75 @@ class ResultsStore:
         self.set_tags(run_id, {"status": status, "reason": reason[:4000]})
         self.client.set_terminated(run_id, status=_MLFLOW_STATUS[status])
 
-    def finish_parent(self, run_id: str, *, status: str, counts: Mapping[str, int]) -> None:
-        self.set_tags(run_id, {"status": status, **{f"trials.{k}": str(v) for k, v in counts.items()}})
+    def finish_parent(self, run_id: str, *, status: str, counts: Mapping[str, int], reason: str = "") -> None:
+        tags = {"status": status, **{f"trials.{k}": str(v) for k, v in counts.items()}}
+        if reason:
+            tags["reason"] = reason[:4000]
+        self.set_tags(run_id, tags)
         self.client.set_terminated(run_id, status=_MLFLOW_STATUS.get(status, "FINISHED"))
+
+    # -- owners, orphans, resume -------------------------------------------------------------------
+    def heartbeat(self, parent_id: str) -> None:
+        """The owner of a running parent run is alive (see HEARTBEAT_S)."""
+        self.client.set_tag(parent_id, "heartbeat", f"{time.time():.0f}")
+
+    def reap_orphans(self) -> list[str]:
+        """Mark KILLED, with the reason, every RUNNING parent run whose owner is gone, and its RUNNING trials.
+
+        Called by the commands that open the store, so a run that died without cleanup (SIGKILL, OOM, power
+        loss) does not stay RUNNING for ever. Returns the parent run ids it marked.
+        """
+        exps = [e.experiment_id for e in self.client.search_experiments()]
+        if not exps:
+            return []
+        running = self.client.search_runs(
+            exps, filter_string="attributes.status = 'RUNNING' and tags.`crossrl.kind` = 'parent'", max_results=1000
+        )
+        marked = []
+        for parent in running:
+            reason = _orphan_reason(parent.data.tags, started_s=parent.info.start_time / 1000)
+            if reason is None:
+                continue
+            statuses = []
+            for child in self.children(parent):
+                status = child.data.tags.get("status", "")
+                if child.info.status == "RUNNING" or status == "RUNNING":
+                    self.set_tags(child.info.run_id, {"status": M.KILLED, "reason": reason})
+                    self.client.set_terminated(child.info.run_id, status=_MLFLOW_STATUS[M.KILLED])
+                    status = M.KILLED
+                statuses.append({"status": status})
+            self.finish_parent(parent.info.run_id, status=M.KILLED, counts=iter_statuses(statuses), reason=reason)
+            marked.append(str(parent.info.run_id))
+        return marked
+
+    def children(self, parent: Any, *, superseded: bool = False) -> list[Any]:
+        """The trial runs of a parent run (a run object); those a resume ran again only when asked."""
+        runs = self.client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
+            max_results=5000,
+        )
+        return [r for r in runs if superseded or SUPERSEDED_TAG not in r.data.tags]
+
+    def parent_run(self, parent_id: str) -> Any:
+        try:
+            return self.client.get_run(parent_id)
+        except Exception as e:
+            raise StoreError(f"run {parent_id!r} not found in {self.uri}: {e}") from None
+
+    def reopen_parent(self, parent_id: str) -> None:
+        """A parent run taken up again by `crossrl run --resume`: RUNNING, owned by this process."""
+        run = self.parent_run(parent_id)
+        resumes = int(run.data.tags.get("resumes", "0") or 0) + 1
+        for key in run.data.tags:  # the counts and reason of the ending it had are no longer true
+            if key.startswith("trials.") or key == "reason":
+                self.client.delete_tag(parent_id, key)
+        self.set_tags(parent_id, {**_owner_tags(), "status": "RUNNING", "resumes": str(resumes)})
+        self.client.update_run(parent_id, status="RUNNING")
+
+    def supersede(self, trial_run_id: str, *, by: str) -> None:
+        """An interrupted trial run that a resume ran again: kept, but no longer one of the parent's trials."""
+        self.client.set_tag(trial_run_id, SUPERSEDED_TAG, by)
 
     def log_bench(self, kind: str, *, data: Mapping[str, Any], metrics: Mapping[str, float], command: str = "") -> str:
         """One run in experiment ``bench-<kind>``: the figures as metrics, the whole result as ``bench.json``.
@@ -295,10 +403,7 @@ class ResultsStore:
         ``latest_only=False`` takes every parent run of the scenario (for comparisons across runs).
         """
         if parent_id:
-            try:
-                parents = [self.client.get_run(parent_id)]
-            except Exception as e:
-                raise StoreError(f"run {parent_id!r} not found in {self.uri}: {e}") from None
+            parents = [self.parent_run(parent_id)]
         elif scenario:
             parents = self.parent_runs(scenario)
             if not parents:
@@ -309,12 +414,7 @@ class ResultsStore:
             raise StoreError("name a scenario or a parent run id")
         trials, frames = [], []
         for parent in parents:
-            children = self.client.search_runs(
-                [parent.info.experiment_id],
-                filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'",
-                max_results=5000,
-            )
-            for run in children:
+            for run in self.children(parent):
                 trials.append(_trial_row(run))
                 frames.append(self._history(run))
         points = (
@@ -401,6 +501,42 @@ def _meta(parent: Any) -> dict[str, Any]:
         "status": tags.get("status", ""),
         "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(parent.info.start_time / 1000)),
     }
+
+
+def _owner_tags() -> dict[str, str]:
+    """Who runs a parent run: this host and process (with its start time), and a first heartbeat."""
+    import psutil
+
+    pid = os.getpid()
+    return {
+        "owner.host": socket.gethostname(),
+        "owner.pid": str(pid),
+        "owner.pid_start": f"{psutil.Process(pid).create_time():.2f}",
+        "heartbeat": f"{time.time():.0f}",
+    }
+
+
+def _orphan_reason(tags: Mapping[str, str], *, started_s: float, now: float | None = None) -> str | None:
+    """Why a RUNNING parent run's owner is gone, or None while it may still be alive."""
+    import psutil
+
+    now = time.time() if now is None else now
+    host, pid, pid_start = tags.get("owner.host"), tags.get("owner.pid", ""), tags.get("owner.pid_start", "")
+    beat = _num(tags.get("heartbeat"))
+    last = beat if math.isfinite(beat) else started_s
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last))
+    if host == socket.gethostname() and pid.isdigit():
+        try:
+            alive = abs(psutil.Process(int(pid)).create_time() - float(pid_start or "nan")) < 1.0
+        except (psutil.Error, ValueError):
+            alive = False
+        if alive:
+            return None
+        return f"its process (pid {pid} on {host}) ended without closing the run (last heartbeat {when})"
+    if now - last > STALE_AFTER_S:
+        owner = f"pid {pid} on {host}" if host else "an unrecorded owner"
+        return f"no heartbeat from its process ({owner}) since {when}"
+    return None
 
 
 def iter_statuses(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
+import datetime
+import math
+import reprlib
 from collections.abc import Collection
 from importlib import resources
 from pathlib import Path
@@ -34,14 +38,31 @@ def builtin() -> dict[str, Path]:
 def resolve(name_or_path: str) -> Path:
     """A built-in scenario name or a path to a YAML file."""
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise SpecError([f"{name_or_path}: no such file"])
+    shown = _printable(name_or_path)
+    try:
+        exists, is_dir, is_file = path.exists(), path.is_dir(), path.is_file()
+    except (OSError, ValueError) as e:  # a name too long for the file system, a NUL byte
+        reason = getattr(e, "strerror", None) or str(e)
+        raise SpecError(
+            [f"{shown}: not a usable path ({reason}); give a scenario YAML file or a built-in name"]
+        ) from None
+    if path.suffix in (".yaml", ".yml") or exists:
+        if is_dir:
+            raise SpecError([f"{shown}: is a directory; give a scenario YAML file in it, or a built-in scenario name"])
+        if not exists:
+            raise SpecError([f"{shown}: no such file"])
+        if not is_file:
+            raise SpecError([f"{shown}: not a regular file (a device, pipe or socket); give a scenario YAML file"])
         return path
     builtins = builtin()
     if name_or_path in builtins:
         return builtins[name_or_path]
-    raise SpecError([f"{name_or_path}: not a file and not a built-in scenario (built-in: {', '.join(builtins)})"])
+    raise SpecError([f"{shown}: not a file and not a built-in scenario (built-in: {', '.join(builtins)})"])
+
+
+def spec_label(path: Path) -> str:
+    """How problem lines name a spec file: its name, with anything unprintable escaped."""
+    return _printable(path.name)
 
 
 def load(
@@ -53,18 +74,16 @@ def load(
     (``crossrl.adapters.registry.engine_ids()``, which adds ``CROSSRL_EXTRA_ENGINES``).
     """
     path = resolve(name_or_path)
-    label = path.name
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise SpecError([f"{label}: {where}YAML syntax error: {problem}"]) from None
-    except OSError as e:
-        raise SpecError([f"{label}: cannot read: {e.strerror}"]) from None
+    label = spec_label(path)
+    raw = _parse(_read_text(path, label), label)
+    if raw is None:
+        raise SpecError(
+            [f"{label}: the file is empty; a spec is a mapping of fields (name, env, algorithm, budget, ...)"]
+        )
     if not isinstance(raw, dict):
-        raise SpecError([f"{label}: the top level must be a mapping of fields (name, env, algorithm, ...)"])
+        raise SpecError(
+            [f"{label}: the top level is {_kind(raw)}; it must be a mapping of fields (name, env, algorithm, ...)"]
+        )
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
     return validate(raw, label=label, engines=engines), path
@@ -72,6 +91,9 @@ def load(
 
 def validate(raw: dict[str, Any], *, label: str, engines: Collection[str] = ENGINES) -> ScenarioSpec:
     """Validate a parsed spec, collecting every problem (types, values, engine ids, env id) before raising."""
+    shape = _shape_problems(raw)
+    if shape:
+        raise SpecError(_capped([f"{label}: {line}" for line in shape], label))
     try:
         spec = ScenarioSpec.model_validate(raw, context={"engines": tuple(engines)})
     except ValidationError as e:
@@ -79,7 +101,7 @@ def validate(raw: dict[str, Any], *, label: str, engines: Collection[str] = ENGI
         env_problem = _env_problem(raw.get("env"), label)
         if env_problem:
             problems.append(env_problem)
-        raise SpecError(problems) from None
+        raise SpecError(_capped(problems, label)) from None
     env_problem = _env_problem(spec.env.model_dump(), label)
     if env_problem:
         raise SpecError([env_problem])
@@ -87,21 +109,21 @@ def validate(raw: dict[str, Any], *, label: str, engines: Collection[str] = ENGI
 
 
 def _describe(err: Any) -> str:
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    loc = _dotted(err["loc"]) or "(top level)"
     kind = err["type"]
-    value = err.get("input")
+    value = _short(err.get("input"))
     if kind == "extra_forbidden":
-        return f"{loc}: unknown field (value {value!r}); check its spelling against the spec's fields"
+        return f"{loc}: unknown field (value {value}); check its spelling against the spec's fields"
     if kind == "missing":
         return f"{loc}: required field is missing"
     if kind == "literal_error":
         expected = err.get("ctx", {}).get("expected", "")
         allowed = expected.replace("'", "").replace(" or ", ", ")
-        return f"{loc}: {value!r} is not one of {allowed}"
-    msg = err["msg"].removeprefix("Value error, ")
+        return f"{loc}: {value} is not one of {allowed}"
+    msg = _one_line(err["msg"].removeprefix("Value error, "))
     if kind == "value_error":
         return f"{loc}: {msg}" if loc != "(top level)" else msg
-    return f"{loc}: {value!r}: {msg}"
+    return f"{loc}: {value}: {msg}"
 
 
 def _env_problem(env: Any, label: str) -> str | None:
@@ -111,9 +133,223 @@ def _env_problem(env: Any, label: str) -> str | None:
     try:
         registered_spec(env_id)
     except Exception as e:  # gymnasium raises several error types (NameNotFound, VersionNotFound, ...)
-        hint = str(e).splitlines()[0] if str(e) else type(e).__name__
-        return f"{label}: env.id: {env_id!r} is not a registered gymnasium env ({hint})"
+        return f"{label}: env.id: {_short(env_id)} is not a registered gymnasium env ({first_line(e)})"
     return None
+
+
+MAX_BYTES = 1_000_000
+"""The largest spec file read (a spec is a short YAML file; this keeps a wrong path from filling memory)."""
+MAX_DEPTH = 32
+"""The deepest nesting of lists and mappings a spec may have (its own fields nest three levels)."""
+MAX_VALUES = 100_000
+"""The most values a spec may hold once YAML aliases are expanded (a built-in one holds about fifty)."""
+MAX_PROBLEMS = 20
+"""Problem lines shown for one spec; the rest are counted in one last line."""
+_INT64 = 2**63
+_MAX_FLOW_DEPTH = 200
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message on one line (its first line), or its type name when it has none."""
+    lines = str(e).strip().splitlines()
+    return _one_line(lines[0]) if lines else type(e).__name__
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _printable(text: str) -> str:
+    """``text``, or its escaped form when it holds line breaks, control characters or undecodable bytes."""
+    return text if text.isprintable() else text.encode("unicode_escape", "backslashreplace").decode("ascii")
+
+
+def _short(value: Any) -> str:
+    """A value's repr, cut to a readable length (deep, long or huge values included), always on one line."""
+    try:
+        return _REPR.repr(value)
+    except Exception:  # an int too long to print, a repr that fails: name the type
+        return f"<{type(value).__name__}>"
+
+
+def _make_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 3, 4, 6, 6, 6
+    r.maxstring, r.maxother, r.maxlong = 60, 60, 40
+    return r
+
+
+_REPR = _make_repr()
+
+
+def _dotted(loc: Any) -> str:
+    return ".".join(_printable(str(p)) if isinstance(p, str) else _short(p) for p in loc)
+
+
+def _kind(value: Any) -> str:
+    kinds = {list: "a list", str: "text", bool: "true or false", int: "a number", float: "a number"}
+    return kinds.get(type(value), "a single value")
+
+
+def _capped(problems: list[str], label: str) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    rest = len(problems) - MAX_PROBLEMS
+    return [*problems[:MAX_PROBLEMS], f"{label}: and {rest} more problems; fix these and check again"]
+
+
+def _read_text(path: Path, label: str) -> str:
+    """The file's text; a SpecError when it cannot be read, is too large, binary or not UTF-8."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_BYTES + 1)
+    except OSError as e:
+        reason = e.strerror or first_line(e)
+        hint = "; check the file's permissions" if isinstance(e, PermissionError) else ""
+        raise SpecError([f"{label}: cannot read: {reason}{hint}"]) from None
+    if len(data) > MAX_BYTES:
+        raise SpecError([f"{label}: larger than {MAX_BYTES:,} bytes; a scenario spec is a short YAML file"])
+    if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise SpecError([f"{label}: UTF-16/32 text; save the spec as UTF-8"])
+    binary = SpecError([f"{label}: a binary file, not YAML text; give a scenario YAML file"])
+    if b"\0" in data:
+        raise binary
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        head = data[:4096]
+        if sum(c < 0x20 and c not in b"\t\n\r\f" for c in head) > len(head) // 20:  # > 5% control bytes
+            raise binary from None
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise SpecError(
+            [f"{label}: not UTF-8 text (byte 0x{data[e.start]:02x} at line {line}, column {column}); save it as UTF-8"]
+        ) from None
+
+
+class _ValueError(yaml.MarkedYAMLError):
+    """A value YAML parsed but could not build, or a key given twice; ``problem`` says which and how to fix."""
+
+
+class _Loader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping and says where a value cannot be built."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge (<<) may override keys; SafeLoader reports an unhashable key
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise _ValueError(
+                    problem=f"{_short(key)} is given twice in the same mapping; keep one",
+                    problem_mark=key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, TypeError, OverflowError) as e:
+            if "integer string conversion" in str(e):  # Python's limit on the digits of an int
+                problem = "the number is too large; numbers in a spec fit in 64 bits"
+            else:
+                problem = f"{_short(node.value) if isinstance(node, yaml.ScalarNode) else 'this value'} cannot be "
+                problem += f"read as {node.tag.rpartition(':')[2]} ({first_line(e)}); quote it to make it text"
+            raise _ValueError(problem=problem, problem_mark=node.start_mark) from None
+
+
+def _parse(text: str, label: str) -> Any:
+    """The YAML document in ``text``; a SpecError with line and column when it is not valid YAML."""
+    too_deep = SpecError([f"{label}: nested too deeply to read; a spec nests a few levels (at most {MAX_DEPTH})"])
+    if _flow_depth(text) > _MAX_FLOW_DEPTH:  # PyYAML takes time quadratic in this depth, and then recurses too deep
+        raise too_deep
+    try:
+        return yaml.load(text, Loader=_Loader)  # _Loader is a SafeLoader: plain data only
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        what = "" if isinstance(e, _ValueError) else "YAML syntax error: "
+        raise SpecError([f"{label}: {where}{what}{_one_line(e.problem or first_line(e))}"]) from None
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow
+        line = text.count("\n", 0, e.position) + 1
+        column = e.position - (text.rfind("\n", 0, e.position) + 1) + 1
+        raise SpecError(
+            [f"{label}: line {line}, column {column}: YAML syntax error: {e.reason} ({chr(e.character)!r}); remove it"]
+        ) from None
+    except yaml.YAMLError as e:
+        raise SpecError([f"{label}: YAML syntax error: {first_line(e)}"]) from None
+    except RecursionError:
+        raise too_deep from None
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest run of open ``[``/``{`` in ``text`` (quotes ignored: an overestimate, never less)."""
+    if text.count("[") + text.count("{") <= _MAX_FLOW_DEPTH:
+        return 0
+    depth = deepest = 0
+    for char in text:
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}" and depth:
+            depth -= 1
+    return deepest
+
+
+def _shape_problems(raw: dict[str, Any]) -> list[str]:
+    """What no field accepts, wherever it is (env.kwargs too): nesting deeper than MAX_DEPTH, more than
+    MAX_VALUES values, a value that contains itself (YAML aliases), keys that are not text, numbers that
+    are not finite or do not fit in 64 bits, and YAML values (dates, bytes, sets) JSON cannot hold."""
+    problems: list[str] = []
+    sizes: dict[int, int] = {}  # id of a list/mapping -> values in it, so an alias is counted, not walked, again
+    ancestors: set[int] = set()
+
+    def walk(node: Any, path: tuple[Any, ...]) -> int:
+        where = _dotted(path) or "(top level)"
+        if isinstance(node, (dict, list, tuple)):
+            if id(node) in ancestors:
+                problems.append(f"{where}: contains itself (a YAML alias inside its own anchor); write it out")
+                return 1
+            if id(node) in sizes:
+                return sizes[id(node)]
+            if len(path) >= MAX_DEPTH:
+                problems.append(f"{where}: nested more than {MAX_DEPTH} levels deep; a spec nests a few levels")
+                return 1
+            ancestors.add(id(node))
+            size = 1
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            for key, child in items:
+                if isinstance(node, dict) and not isinstance(key, str):
+                    problems.append(f"{where}: the key {_short(key)} is not text; quote it (or rename it)")
+                    continue
+                size += walk(child, (*path, key))
+                if size > MAX_VALUES:
+                    break
+            ancestors.discard(id(node))
+            sizes[id(node)] = size
+            if size > MAX_VALUES and not path:
+                problems.append(f"holds more than {MAX_VALUES:,} values (YAML aliases expanded); a spec is short")
+            return size
+        if isinstance(node, bool) or node is None or isinstance(node, str):
+            return 1
+        if isinstance(node, int):
+            if not -_INT64 <= node < _INT64:
+                problems.append(f"{where}: a {node.bit_length()}-bit number is too large; numbers fit in 64 bits")
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                problems.append(f"{where}: {node!r} is not a finite number; give a number such as 0.5")
+        elif isinstance(node, (datetime.date, datetime.datetime)):
+            problems.append(f"{where}: {node.isoformat()} is read as a date; quote it to make it text")
+        elif isinstance(node, (set, frozenset)):
+            problems.append(f"{where}: a YAML set (!!set); write a list [a, b] instead")
+        else:
+            problems.append(f"{where}: a YAML {type(node).__name__} value; give text, a number, a list or a mapping")
+        return 1
+
+    walk(raw, ())
+    return problems
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:

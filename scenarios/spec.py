@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from crossrl.scenarios.catalog import DEFAULT_OPTIMIZER, ENGINES, HYPERPARAM_DEFAULTS, VALID_OPTIMIZERS, AlgorithmName
 
+MAX_SEED = 2**31 - 1
+"""The largest seed: engines add worker offsets to it and some seed generators take 32 bits at most."""
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -188,8 +190,8 @@ class ScenarioSpec(BaseModel):
     def _seeds_ok(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if not v:
             raise ValueError("at least one seed is needed")
-        if any(s < 0 for s in v) or len(set(v)) != len(v):
-            raise ValueError("seeds must be distinct and >= 0")
+        if any(s < 0 or s > MAX_SEED for s in v) or len(set(v)) != len(v):
+            raise ValueError(f"seeds must be distinct and 0..{MAX_SEED}")
         return v
 
     @model_validator(mode="after")

@@ -152,12 +152,12 @@ def test_real_engine_crash_is_failed_with_traceback_and_the_next_trial_runs(
 
 
 def test_ctrl_c_during_a_store_write_is_raised_after_it() -> None:
-    from crossrl.adapters.runner import _sigint_deferred
+    from crossrl.adapters.signals import deferred_signals
 
     finished = []
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # may be SIG_IGN under a background shell
     try:
-        with pytest.raises(KeyboardInterrupt), _sigint_deferred():
+        with pytest.raises(KeyboardInterrupt), deferred_signals():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
             finished.append(True)  # the write runs to its end
