@@ -17,7 +17,7 @@ import math
 import os
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -299,6 +299,9 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         .learners(num_learners=plan.num_learners, num_cpus_per_learner=1 if plan.num_learners else "auto")
         .training(**settings)
         .callbacks(on_episode_end=_on_episode_end)
+        # RLlib's default, set here so the native config states it: Ray restarts a dead env runner
+        # (SIGKILL, OOM), RLlib samples from the others meanwhile and counts the restart.
+        .fault_tolerance(restart_failed_env_runners=True)
     )
     if trial.algorithm == "impala":
         # RLlib's default of >= 10 s per train() gives few, coarse points on short budgets.
@@ -431,6 +434,10 @@ class RllibAdapter:
 
     engine: ClassVar[str] = ENGINE_ID
 
+    def __init__(self, *, on_iteration: Callable[[int, Any], None] | None = None) -> None:
+        """``on_iteration(i, algo)`` runs after each point (tests use it to kill an env runner)."""
+        self.on_iteration = on_iteration
+
     def run(self, trial: Trial, sink: MetricSink) -> None:
         """Train ``trial`` on RLlib until ``sink.exhausted``, one point per ``algo.train()``."""
         from crossrl.core.cluster import LOCAL_RAY_ENV, connect
@@ -458,8 +465,12 @@ class RllibAdapter:
             sink.tags(engine_version=ray.__version__, rllib_resources=plan.note, **cluster)
             sink.native_config(native_config(config))
             epochs = int(config.num_epochs)
+            iteration = 0
             while not sink.exhausted:
                 sink.point(**result_to_point(algo.train(), algorithm=trial.algorithm, epochs=epochs))
+                if self.on_iteration is not None:
+                    self.on_iteration(iteration, algo)
+                iteration += 1
         finally:
             if algo is not None:
                 algo.stop()

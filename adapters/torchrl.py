@@ -15,6 +15,8 @@ learners (losses, estimators, replay) live in :mod:`crossrl.adapters.torchrl_alg
 from __future__ import annotations
 
 import functools
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -282,6 +284,71 @@ def completed_episodes(data: TensorDictBase) -> tuple[list[float], list[int]]:
     return [float(r) for r in returns], [int(n) for n in lengths]
 
 
+class CollectorWorkerDied(RuntimeError):
+    """A collector worker process ended mid-trial: TorchRL 0.14 neither restarts it nor goes on without it."""
+
+
+def check_workers(collector: Any) -> None:
+    """Raise :class:`CollectorWorkerDied` naming every collector worker process that has ended.
+
+    Only multi-process collectors have workers (``procs``); a worker TorchRL itself closed after
+    another one died is skipped (its state can no longer be read).
+    """
+    dead = []
+    for i, proc in enumerate(getattr(collector, "procs", None) or ()):
+        try:
+            code = proc.exitcode
+        except ValueError:  # closed by TorchRL
+            continue
+        if code is not None:
+            dead.append(f"worker {i} (pid {proc.pid}) {_exit_text(code)}")
+    if dead:
+        raise CollectorWorkerDied(
+            f"torchrl: collector {', '.join(dead)} mid-trial; TorchRL 0.14 does not restart collector workers"
+        )
+
+
+def _exit_text(code: int) -> str:
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:  # a signal without a name (real-time signals)
+        return f"killed by signal {-code}"
+
+
+def sync_weights(collector: Any) -> None:
+    """``collector.update_policy_weights_()``, raising :class:`CollectorWorkerDied` rather than hanging.
+
+    TorchRL 0.14 waits for every worker's acknowledgement of new weights without a timeout
+    (``SharedMemWeightSyncScheme._wait_for_ack``): a worker killed while the learner trains made the
+    trial hang forever (measured). For multi-process collectors the update runs in a daemon thread
+    while this thread watches the worker processes; it returns as soon as the update does (the thread
+    adds ~0.1 ms to ``time_sync_weights_s``, measured).
+    """
+    if not getattr(collector, "procs", None):
+        collector.update_policy_weights_()
+        return
+    check_workers(collector)
+    failure: list[BaseException] = []
+
+    def update() -> None:
+        try:
+            collector.update_policy_weights_()
+        except BaseException as e:  # handed to the calling thread
+            failure.append(e)
+
+    thread = threading.Thread(target=update, name="crossrl-weight-sync", daemon=True)
+    thread.start()
+    while True:
+        thread.join(0.2)
+        if not thread.is_alive():
+            break
+        check_workers(collector)
+    if failure:
+        raise failure[0]
+
+
 class TorchrlAdapter:
     """TorchRL 0.14: collectors, losses and value estimators."""
 
@@ -329,7 +396,11 @@ class TorchrlAdapter:
         sampled = trained = 0
         while not sink.exhausted:
             t0 = time.perf_counter()
-            data = next(batches)
+            try:
+                data = next(batches)
+            except Exception:
+                check_workers(collector)  # TorchRL's own "At least one process failed": say which and how
+                raise
             t1 = time.perf_counter()
             returns, lengths = completed_episodes(data)
             sampled += data.numel()
@@ -337,7 +408,7 @@ class TorchrlAdapter:
             trained += n_trained
             t2 = time.perf_counter()
             if n_trained or learner.always_sync:
-                collector.update_policy_weights_()
+                sync_weights(collector)
             t3 = time.perf_counter()
             values = {M.TIME_SAMPLE_S: t1 - t0, M.TIME_LEARN_S: t2 - t1, M.TIME_SYNC_WEIGHTS_S: t3 - t2, **losses}
             sink.point(

@@ -28,7 +28,7 @@ class Policy(abc.ABC):
     """Abstract policy graph. Subclasses keep this constructor signature (evaluators build them by keyword).
 
     ``hyperparams`` are the trial's resolved hyperparameters (crossrl's shared names, see
-    :mod:`crossrl.scenarios.catalog`) plus the algorithm module's extra defaults.
+    :mod:`crossrl.scenarios.catalog`) over crossrl's own settings (``CROSSRL_SETTINGS``).
     """
 
     def __init__(
