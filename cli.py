@@ -56,8 +56,7 @@ def _open_store(tracking_uri: str | None, results_dir: Path) -> Any:
     except Exception as e:  # an unreachable server: the command's own store calls will say so
         typer.echo(f"note: could not check {store.uri} for runs left RUNNING: {type(e).__name__}: {e}", err=True)
         return store
-    for parent_id in reaped:
-        reason = store.parent_run(parent_id).data.tags.get("reason", "")
+    for parent_id, reason in reaped.items():
         typer.echo(f"note: run {parent_id} was left RUNNING and is now marked KILLED: {reason}", err=True)
     return store
 

@@ -415,7 +415,6 @@ def _resume_point(
     store: ResultsStore, spec: ScenarioSpec, resume: str
 ) -> tuple[str, dict[str, str], dict[str, list[str]]]:
     """The parent run to resume, its trials that ended (name -> status) and its unfinished attempts (name -> ids)."""
-    store.reap_orphans()  # a run killed without cleanup is RUNNING until now
     if resume == "latest":
         parents = store.parent_runs(spec.name)
         if not parents:
@@ -423,6 +422,8 @@ def _resume_point(
         parent = parents[0]
     else:
         parent = store.parent_run(resume)
+    if parent.info.status == "RUNNING" and str(parent.info.run_id) in store.reap_orphans():
+        parent = store.parent_run(str(parent.info.run_id))  # its owner had died without closing it: KILLED now
     parent_id, tags = str(parent.info.run_id), parent.data.tags
     if tags.get("crossrl.kind") != "parent" or tags.get("scenario") != spec.name:
         raise SpecError([f"--resume: run {parent_id} is not a `crossrl run` of scenario {spec.name!r}"])

@@ -292,19 +292,19 @@ class ResultsStore:
         """The owner of a running parent run is alive (see HEARTBEAT_S)."""
         self.client.set_tag(parent_id, "heartbeat", f"{time.time():.0f}")
 
-    def reap_orphans(self) -> list[str]:
+    def reap_orphans(self) -> dict[str, str]:
         """Mark KILLED, with the reason, every RUNNING parent run whose owner is gone, and its RUNNING trials.
 
         Called by the commands that open the store, so a run that died without cleanup (SIGKILL, OOM, power
-        loss) does not stay RUNNING for ever. Returns the parent run ids it marked.
+        loss) does not stay RUNNING for ever. Returns the parent run ids it marked, each with its reason.
         """
         exps = [e.experiment_id for e in self.client.search_experiments()]
         if not exps:
-            return []
+            return {}
         running = self.client.search_runs(
             exps, filter_string="attributes.status = 'RUNNING' and tags.`crossrl.kind` = 'parent'", max_results=1000
         )
-        marked = []
+        marked: dict[str, str] = {}
         for parent in running:
             reason = _orphan_reason(parent.data.tags, started_s=parent.info.start_time / 1000)
             if reason is None:
@@ -313,12 +313,11 @@ class ResultsStore:
             for child in self.children(parent):
                 status = child.data.tags.get("status", "")
                 if child.info.status == "RUNNING" or status == "RUNNING":
-                    self.set_tags(child.info.run_id, {"status": M.KILLED, "reason": reason})
-                    self.client.set_terminated(child.info.run_id, status=_MLFLOW_STATUS[M.KILLED])
+                    self.finish_trial(child.info.run_id, status=M.KILLED, reason=reason)
                     status = M.KILLED
                 statuses.append({"status": status})
             self.finish_parent(parent.info.run_id, status=M.KILLED, counts=iter_statuses(statuses), reason=reason)
-            marked.append(str(parent.info.run_id))
+            marked[str(parent.info.run_id)] = reason
         return marked
 
     def children(self, parent: Any, *, superseded: bool = False) -> list[Any]:
