@@ -1,8 +1,10 @@
 """The `crossrl` command: thin; each command parses, calls one library function, prints.
 
 Engines and heavy libraries are imported inside the commands, so `crossrl --help` answers at once.
-Exit codes: 0 success, 1 a trial failed / a regression, 2 unusable input; `crossrl run` stopped by a signal:
-128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP), after the summary. `crossrl ui` stopped by one: 0.
+Exit codes: 0 success, 1 a trial failed / a regression, 2 unusable input, 3 the run ended but the store does
+not have all it logged yet (it is in the journal; `crossrl sync` sends it), 4 the results folder cannot be
+written (a full disk); `crossrl run` stopped by a signal: 128 + its number (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP),
+after the summary. `crossrl ui` stopped by one: 0.
 """
 
 from __future__ import annotations
@@ -46,11 +48,23 @@ def _fail(problems: list[str], code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+EXIT_UNSENT = 3
+EXIT_UNWRITABLE = 4
+SYNC_ON_OPEN_S = 30.0
+
+
 def _open_store(tracking_uri: str | None, results_dir: Path) -> Any:
-    """The results store, after marking KILLED any run whose process died without closing it (one line each)."""
+    """The results store, after sending what earlier runs left in their journals (for up to SYNC_ON_OPEN_S) and
+    marking KILLED any run whose process died without closing it (one line each)."""
+    from crossrl.reports.journal import sync
     from crossrl.reports.store import ResultsStore
 
     store = ResultsStore(tracking_uri, results_dir=results_dir)
+    sent, pending = sync(lambda uri: store, results_dir, wait_s=SYNC_ON_OPEN_S, only_uri=store.uri, warn=_note)
+    if sent:
+        _note(f"sent {sent} writes that earlier runs had left in their journals to {store.uri}")
+    if pending:
+        _note(f"{pending} writes of earlier runs are still not in {store.uri}: `crossrl sync {results_dir}` sends them")
     try:
         reaped = store.reap_orphans()
     except Exception as e:  # an unreachable server: the command's own store calls will say so
@@ -59,6 +73,10 @@ def _open_store(tracking_uri: str | None, results_dir: Path) -> Any:
     for parent_id, reason in reaped.items():
         typer.echo(f"note: run {parent_id} was left RUNNING and is now marked KILLED: {reason}", err=True)
     return store
+
+
+def _note(message: str) -> None:
+    typer.echo(f"note: {message}", err=True)
 
 
 def _csv_ints(text: str | None, flag: str) -> list[int] | None:
@@ -199,12 +217,21 @@ def run(
             help="take up the scenario's newest run (or PARENT_ID): rerun only its trials that did not end",
         ),
     ] = None,
+    store_wait: Annotated[
+        float,
+        typer.Option(
+            "--store-wait",
+            metavar="SECONDS",
+            help="at the end, wait this long for an unreachable store before leaving the rest to `crossrl sync`",
+        ),
+    ] = 60.0,
 ) -> None:
     """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
     from crossrl.adapters.registry import require_supported
     from crossrl.adapters.runner import run_scenario
     from crossrl.adapters.signals import Interrupted, stop_on_signals
     from crossrl.reports.console import RunDisplay
+    from crossrl.reports.journal import JournalError
     from crossrl.reports.store import StoreError
     from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import SpecError
@@ -240,14 +267,31 @@ def run(
                 progress=display.event,
                 command=" ".join(sys.argv),
                 resume=resume,
+                store_wait_s=store_wait,
             )
     except SpecError as e:
         _fail(e.problems)
     except StoreError as e:
         _fail([str(e)])
+    except JournalError as e:  # e.g. a full disk: the running trial was stopped; what was journaled goes on
+        _fail(
+            [
+                f"{e}; the run stopped. Free space under {results_dir}, then `crossrl sync {results_dir}` and "
+                f"`crossrl run {spec} --resume`"
+            ],
+            EXIT_UNWRITABLE,
+        )
     except KeyboardInterrupt as e:  # stopped while the parent run was being opened (the next command closes it)
         raise typer.Exit(Interrupted.of(e).exit_code) from None
     display.summary(outcome, store)
+    if outcome.unsent:
+        why = f" ({outcome.store_error})" if outcome.store_error else ""
+        typer.echo(
+            f"error: {outcome.unsent} writes are not in {store.uri} yet{why}; they are kept in {outcome.journal}: "
+            f"`crossrl sync {results_dir}` sends them",
+            err=True,
+        )
+        raise typer.Exit(Interrupted(outcome.stop_signal).exit_code if outcome.interrupted else EXIT_UNSENT)
     if not no_report and not outcome.interrupted:
         _render_report(
             store, parent_id=outcome.parent_id, out_dir=report_dir or results_dir / "reports" / scenario.name
@@ -525,6 +569,47 @@ def bench_overhead_cmd(
 
 
 @app.command()
+def sync(
+    results_dir: Annotated[
+        Path, typer.Argument(help="results folder whose journals to send (default: crossrl-results)")
+    ] = Path("crossrl-results"),
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option("--tracking-uri", help="send to this store instead of the one each journal was written for"),
+    ] = None,
+    wait: Annotated[float, typer.Option("--wait", metavar="SECONDS", help="give up after this long")] = 600.0,
+) -> None:
+    """Send what runs left in their journals (the store was unreachable, or the run was killed) to the store."""
+    from crossrl.reports.journal import pending_journals, sync
+    from crossrl.reports.store import ResultsStore
+
+    if not results_dir.is_dir():
+        _fail([f"{results_dir}: no such results folder"])
+    journals = pending_journals(results_dir)
+    if not journals:
+        typer.echo(f"nothing to send: every journal under {results_dir} is in its store")
+        return
+    stores: dict[str, Any] = {}
+
+    def store_for(uri: str) -> Any:
+        target = tracking_uri or uri
+        if target not in stores:
+            stores[target] = ResultsStore(target, results_dir=results_dir)
+        return stores[target]
+
+    try:
+        sent, pending = sync(store_for, results_dir, wait_s=wait, warn=_note)
+    except Exception as e:  # a bad URI
+        _fail([f"results store {tracking_uri or results_dir}: {type(e).__name__}: {e}"])
+    typer.echo(f"sent {sent} writes from {len(journals)} journals under {results_dir}")
+    if pending:
+        typer.echo(
+            f"error: {pending} writes are still not in their store (unreachable?); run `crossrl sync` again", err=True
+        )
+        raise typer.Exit(EXIT_UNSENT)
+
+
+@app.command()
 def ui(
     port: Annotated[int, typer.Option("--port", help="port on 127.0.0.1")] = 5000,
     tracking_uri: TrackingUri = None,
@@ -546,6 +631,10 @@ def main() -> None:
 
     # MLflow's INFO lines (schema creation on a fresh store, ...) are not the user's business; warnings are.
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # A write to an unreachable server is retried by crossrl's journal sender for as long as it takes; MLflow's
+    # own retries inside one call (about four minutes by default) would only delay the catch-up.
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # MLflow's "View run" lines
     sys.argv[1:] = _optional_resume_value(sys.argv[1:])
     app()
 

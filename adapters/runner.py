@@ -30,6 +30,7 @@ from crossrl.adapters.procs import kill_procs
 from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.adapters.signals import Interrupted, deferred_signals, deliver, held_signals
 from crossrl.core.cluster import LOCAL_RAY_ENV
+from crossrl.reports.journal import JournalError
 from crossrl.reports.store import HEARTBEAT_S, ResultsStore, StoreError
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import SpecError
@@ -38,6 +39,7 @@ from crossrl.scenarios.spec import ScenarioSpec, Trial
 FLUSH_EVERY_S = 5.0  # buffered points reach the store at least this often
 FLUSH_EVERY_POINTS = 200
 KILL_GRACE_S = 5.0
+STORE_WAIT_S = 60.0  # at the end of a run, how long to wait for the store to have every write
 
 
 @dataclass
@@ -62,11 +64,14 @@ class TrialResult:
 
 @dataclass
 class RunOutcome:
-    parent_id: str
-    experiment_id: str
+    parent_id: str  # the store's run id; a journal ref (``@1``) when the store does not have the run yet
+    experiment_id: str | None
     results: list[TrialResult]
     interrupted: bool = False
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT for Ctrl-C), when interrupted
+    unsent: int = 0  # journaled writes the store did not have when the run ended (`crossrl sync` sends them)
+    journal: Path | None = None
+    store_error: str = ""  # the store's last error while it was unreachable
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -140,15 +145,6 @@ class _TreeMeter:
         kill_procs(self.known.values(), grace_s=KILL_GRACE_S)
 
 
-def _best_effort(fn: Callable[..., None], run_id: str, payload: Any, *, what: str) -> None:
-    """Store what an engine reported; a store that refuses it costs a warning tag, never the trial."""
-    try:
-        fn(run_id, payload)
-    except Exception as e:  # e.g. MLflow refusing a native config key
-        with contextlib.suppress(Exception):
-            fn.__self__.set_tags(run_id, {f"store_warning.{what}": f"{type(e).__name__}: {e}"[:4000]})  # type: ignore[attr-defined]
-
-
 def child_env() -> dict[str, str]:
     """The trial process's environment: Ray on loopback, and one intra-op thread per process for every
     engine alike (more threads than cores made each engine slower here: a PPO minibatch step took 20 ms
@@ -170,7 +166,7 @@ class _Heartbeat:
     def __call__(self) -> None:
         if time.monotonic() - self.last >= HEARTBEAT_S:
             self.last = time.monotonic()
-            with contextlib.suppress(Exception):  # a store that cannot take a beat now will take the next
+            with contextlib.suppress(JournalError):  # a journal that cannot take a beat: the next write says so
                 self.store.heartbeat(self.parent_id)
 
 
@@ -215,9 +211,9 @@ def _run_one(
             setup_s = float(msg["setup_s"])
         elif kind == "tags":
             extra_tags.update(msg["tags"])
-            _best_effort(store.set_tags, run_id, msg["tags"], what="tags")
+            store.set_tags(run_id, msg["tags"], what="engine tags")
         elif kind == "native_config":
-            _best_effort(store.log_native_config, run_id, msg["config"], what="native config")
+            store.log_native_config(run_id, msg["config"])
         elif kind == "error":
             error = msg
         elif kind == "done":
@@ -330,6 +326,7 @@ def run_scenario(
     progress: Progress | None = None,
     command: str = "",
     resume: str | None = None,
+    store_wait_s: float = STORE_WAIT_S,
 ) -> RunOutcome:
     """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
 
@@ -344,6 +341,12 @@ def run_scenario(
     same spec under the same parent run: only its trials that did not end (interrupted, killed with the
     runner, never started) run again; the interrupted attempts are kept, marked superseded. Refused
     (``SpecError``) when the spec's fingerprint differs or the run is still alive.
+
+    Every write goes first to a journal under the results folder and from there to the store in a sender
+    thread (reports/journal.py), so an unreachable store never stops or slows a trial. At the end the run
+    waits up to ``store_wait_s`` for the store to have every write; ``outcome.unsent`` counts what it has
+    not (``crossrl sync`` sends it later). A journal that cannot be written (a full disk) raises
+    ``JournalError`` once the running trial's processes are gone.
     """
     trials = spec.trials(ray_address=ray_address)
     if not skip_unsupported:
@@ -352,20 +355,62 @@ def run_scenario(
     notify = progress or (lambda _event, _payload: None)
     ended: dict[str, str] = {}  # trial name -> status, for a resumed run's trials that need no new attempt
     attempts: dict[str, list[str]] = {}  # trial name -> run ids of a resumed run's unfinished attempts
-    if resume is None:
-        parent_id = store.start_parent(spec, spec_path=spec_path, command=command)
-    else:
-        parent_id, ended, attempts = _resume_point(store, spec, resume)
-        store.reopen_parent(parent_id)
+    resumed_id = ""
+    if resume is not None:
+        resumed_id, ended, attempts = _resume_point(store, spec, resume)
         trials = [t for t in trials if t.name not in ended]
-    experiment_id = store.experiment_id(spec.name)
-    assert experiment_id is not None
-    outcome = RunOutcome(parent_id=parent_id, experiment_id=experiment_id, results=[])
+    journal = store.start_journal(warn=lambda msg: notify("store_warning", {"message": msg}))
+    try:
+        if resume is None:
+            parent_id = store.start_parent(spec, spec_path=spec_path, command=command)
+        else:
+            parent_id = resumed_id
+            store.reopen_parent(parent_id)
+        outcome = RunOutcome(parent_id=parent_id, experiment_id=None, results=[], journal=journal.path)
+        _run_trials(
+            store, spec, trials, outcome, bad=bad, ended=ended, attempts=attempts, notify=notify, fresh=resume is None
+        )
+    except JournalError:
+        store.end_journal(wait_s=min(store_wait_s, 10.0))  # what the journal holds goes on to the store
+        raise
+    except BaseException:
+        store.end_journal(wait_s=0.0)  # stopped before the parent run opened; the journal keeps what it holds
+        raise
+    try:
+        outcome.unsent = store.end_journal(wait_s=store_wait_s)
+    except KeyboardInterrupt:  # stopped while waiting for the store: what is left stays in the journal
+        outcome.unsent = max(1, store.end_journal(wait_s=0.0))
+    sender = store.sender
+    if outcome.unsent and sender is not None:
+        outcome.store_error = sender.last_error
+    outcome.parent_id = store.resolve(outcome.parent_id)
+    for r in outcome.results:
+        r.run_id = store.resolve(r.run_id)
+    if not outcome.unsent:
+        with contextlib.suppress(Exception):
+            outcome.experiment_id = store.experiment_id(spec.name, create=False)
+    return outcome
+
+
+def _run_trials(
+    store: ResultsStore,
+    spec: ScenarioSpec,
+    trials: list[Trial],
+    outcome: RunOutcome,
+    *,
+    bad: dict[str, str],
+    ended: dict[str, str],
+    attempts: dict[str, list[str]],
+    notify: Progress,
+    fresh: bool,
+) -> None:
+    """The trials, one after another, then the parent run's ending (see run_scenario); writes go to the journal."""
+    parent_id = outcome.parent_id
     started: tuple[Trial, str] | None = None  # the trial run opened last
     stopped = ""  # the parent's reason when a stop signal ends the run
     try:
-        notify("start", {"trials": trials, "parent_id": parent_id})
-        if resume is None:
+        notify("start", {"trials": trials, "parent_id": store.wait_resolved(parent_id, timeout_s=5.0)})
+        if fresh:
             _log_raw_speed(store, parent_id, spec, step=0)
         beat = _Heartbeat(store, parent_id)
         with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
@@ -405,7 +450,6 @@ def run_scenario(
         store.finish_parent(parent_id, status=status, counts=counts, reason=stopped)
     if late and not outcome.interrupted:  # the run ended whole; the stop asked meanwhile still stops the caller
         outcome.interrupted, outcome.stop_signal = True, late[0]
-    return outcome
 
 
 ENDED = (M.FINISHED, M.FAILED, M.TIMEOUT, M.SKIPPED)  # a trial in one of these needs no new attempt on resume

@@ -46,6 +46,8 @@ class RunDisplay:
                 f"[bold]{self.spec.name}[/bold]: {self._total} trials, fingerprint {self.spec.fingerprint()}, "
                 f"parent run {payload['parent_id']}"
             )
+        elif name == "store_warning":
+            self.console.print(f"[yellow]store: {payload['message']}[/yellow]")
         elif name == "trial_start":
             trial = payload["trial"]
             self._task = self.progress.add_task(
@@ -97,6 +99,8 @@ class RunDisplay:
                 r.reason[:80],
             )
         self.console.print(table)
+        if outcome.unsent:  # the caller says what is missing and how to send it
+            return
         self.console.print(f"results: {store.uri} (experiment {outcome.experiment_id}, parent run {outcome.parent_id})")
         self.console.print(
             "browse them: crossrl ui" + ("" if store.uri.startswith("sqlite") else f" --tracking-uri {store.uri}")

@@ -21,7 +21,7 @@ import re
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -34,6 +34,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 import crossrl
+from crossrl.reports.journal import KEY_TAG, Journal, Sender, is_ref
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
@@ -175,6 +176,9 @@ class ResultsStore:
         self.results_dir = (results_dir or DEFAULT_RESULTS_DIR).resolve()
         self.uri = resolve_tracking_uri(tracking_uri, self.results_dir)
         self.client = _open_client(self.uri)
+        self._journal: Journal | None = None  # where writes go first, while a run journals them
+        self._journaled: Journal | None = None  # the last journal, to resolve its refs
+        self._sender: Sender | None = None
 
     # -- writing -----------------------------------------------------------------------------------
     def experiment_id(self, scenario: str, *, create: bool = True) -> str | None:
@@ -189,8 +193,6 @@ class ResultsStore:
         return str(self.client.create_experiment(scenario, artifact_location=location))
 
     def start_parent(self, spec: ScenarioSpec, *, spec_path: Path | None, command: str = "") -> str:
-        exp = self.experiment_id(spec.name)
-        assert exp is not None
         tags = {
             "crossrl.kind": "parent",
             "scenario": spec.name,
@@ -200,17 +202,14 @@ class ResultsStore:
             **{f"version.{k}": v for k, v in versions().items()},
             **{f"machine.{k}": v for k, v in machine().items()},
         }
-        run = self.client.create_run(exp, run_name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", tags=tags)
-        run_id = run.info.run_id
-        self.client.log_dict(run_id, spec.model_dump(mode="json"), SPEC_ARTIFACT)
-        self.client.log_dict(run_id, spec.canonical(), CANONICAL_SPEC_ARTIFACT)
+        run_id = self._create_run(spec.name, f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", tags)
+        self.log_text(run_id, json.dumps(spec.model_dump(mode="json"), indent=2), SPEC_ARTIFACT)
+        self.log_text(run_id, json.dumps(spec.canonical(), indent=2), CANONICAL_SPEC_ARTIFACT)
         if spec_path is not None:
-            self.client.log_text(run_id, spec_path.read_text(), f"spec_source/{spec_path.name}")
-        return str(run_id)
+            self.log_text(run_id, spec_path.read_text(), f"spec_source/{spec_path.name}")
+        return run_id
 
     def start_trial(self, parent_id: str, trial: Trial, *, spec: ScenarioSpec) -> str:
-        exp = self.experiment_id(trial.scenario)
-        assert exp is not None
         tags = {
             "mlflow.parentRunId": parent_id,
             "crossrl.kind": "trial",
@@ -226,39 +225,37 @@ class ResultsStore:
             "target_return": "" if trial.target_return is None else str(trial.target_return),
             "budget_env_steps": str(trial.budget.env_steps),
         }
-        run = self.client.create_run(exp, run_name=trial.name, tags=tags)
-        run_id = str(run.info.run_id)
+        run_id = self._create_run(trial.scenario, trial.name, tags, ref_tags=("mlflow.parentRunId",))
         params = flatten(spec.model_dump(mode="json", exclude={"description"}), prefix="spec.")
         params.update(flatten(trial.hyperparams, prefix="hp."))
         self._log_params(run_id, params)
         return run_id
 
     def log_points(self, run_id: str, points: Sequence[tuple[int, Mapping[str, float]]]) -> None:
-        """Buffered points -> as few ``log_batch`` calls as MLflow's limit (1000 metrics) allows."""
+        """Points, stamped now (a journaled point keeps its stamp, so sending it twice stores it once)."""
         now = int(time.time() * 1000)
         metrics = [
-            Metric(key=k, value=float(v), timestamp=now, step=int(step))
+            [k, float(v), now, int(step)]
             for step, values in points
             for k, v in values.items()
             if v is not None and math.isfinite(float(v))
         ]
-        for i in range(0, len(metrics), 1000):
-            self.client.log_batch(run_id, metrics=metrics[i : i + 1000], synchronous=True)
+        if metrics:
+            self._emit({"op": "batch", "run": run_id, "metrics": metrics})
 
-    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
-        items = [RunTag(k, str(v)[:5000]) for k, v in tags.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(run_id, tags=items[i : i + 100], synchronous=True)
+    def set_tags(self, run_id: str, tags: Mapping[str, str], *, what: str = "tags") -> None:
+        self._emit({"op": "batch", "run": run_id, "tags": {k: str(v)[:5000] for k, v in tags.items()}, "what": what})
 
     def log_native_config(self, run_id: str, config: Mapping[str, Any]) -> None:
-        self.client.log_dict(run_id, dict(config), NATIVE_CONFIG_ARTIFACT)
-        self._log_params(run_id, flatten(config, prefix="native."))
+        self.log_text(run_id, json.dumps(dict(config), indent=2, default=str), NATIVE_CONFIG_ARTIFACT)
+        self._log_params(run_id, flatten(config, prefix="native."), what="native config")
 
     def log_text(self, run_id: str, text: str, name: str) -> None:
-        self.client.log_text(run_id, text, name)
+        self._emit({"op": "artifact", "run": run_id, "name": name, "text": text})
 
     def log_file(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(run_id, str(path), artifact_path)
+        name = f"{artifact_path}/{path.name}" if artifact_path else path.name
+        self._emit({"op": "artifact", "run": run_id, "name": name, "file": str(path)})
 
     def finish_trial(
         self,
@@ -276,21 +273,139 @@ class ResultsStore:
         if final:
             self.log_points(run_id, [(last_step, final)])
         if history:
-            self.client.log_text(run_id, _history_csv(history), HISTORY_ARTIFACT)
+            self.log_text(run_id, _history_csv(history), HISTORY_ARTIFACT)
         self.set_tags(run_id, {"status": status, "reason": reason[:4000]})
-        self.client.set_terminated(run_id, status=_MLFLOW_STATUS[status])
+        self._emit({"op": "terminate", "run": run_id, "status": _MLFLOW_STATUS[status], "time_ms": _now_ms()})
 
     def finish_parent(self, run_id: str, *, status: str, counts: Mapping[str, int], reason: str = "") -> None:
         tags = {"status": status, **{f"trials.{k}": str(v) for k, v in counts.items()}}
         if reason:
             tags["reason"] = reason[:4000]
         self.set_tags(run_id, tags)
-        self.client.set_terminated(run_id, status=_MLFLOW_STATUS.get(status, "FINISHED"))
+        self._emit(
+            {"op": "terminate", "run": run_id, "status": _MLFLOW_STATUS.get(status, "FINISHED"), "time_ms": _now_ms()}
+        )
+
+    # -- the journal: every write above is an op, applied now or journaled first ---------------------
+    def start_journal(self, *, warn: Callable[[str], None] = lambda _msg: None) -> Journal:
+        """From now on every write goes to a new journal under the results folder, and from there to the
+        store in a sender thread (reports/journal.py); runs are named by journal refs until sent."""
+        journal = Journal.create(self.results_dir)
+        self._sender = Sender(self, warn=warn).start(live=journal)
+        self._journal = self._journaled = journal
+        self._emit({"op": "header", "uri": self.uri, "host": socket.gethostname(), "pid": os.getpid()})
+        return journal
+
+    def end_journal(self, *, wait_s: float) -> int:
+        """No more journaled writes; wait up to ``wait_s`` for the store to have them. Returns how many it has not."""
+        if self._journal is None or self._sender is None:
+            return 0
+        journal, self._journal = self._journal, None
+        self._sender.close(wait_s)
+        return self._sender.unsent(journal)
+
+    @property
+    def journal(self) -> Journal | None:
+        """The journal writes go to now (None: straight to the store)."""
+        return self._journal
+
+    @property
+    def sender(self) -> Sender | None:
+        return self._sender
+
+    def resolve(self, run_id: str) -> str:
+        """A journal ref's store run id once the store has it (else the ref itself)."""
+        if not is_ref(run_id) or self._sender is None or self._journaled is None:
+            return run_id
+        return self._sender.run_id(self._journaled, run_id) or run_id
+
+    def wait_resolved(self, run_id: str, *, timeout_s: float) -> str:
+        """:meth:`resolve`, waiting up to ``timeout_s`` for the store to create the run."""
+        deadline = time.monotonic() + timeout_s
+        while is_ref(out := self.resolve(run_id)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return out
+
+    def _emit(self, op: dict[str, Any]) -> None:
+        if self._journal is not None and self._sender is not None:
+            self._sender.submit(self._journal.append(op))
+        else:
+            self.apply(op)
+
+    def _create_run(
+        self, experiment: str, run_name: str, tags: Mapping[str, str], *, ref_tags: Sequence[str] = ()
+    ) -> str:
+        op: dict[str, Any] = {
+            "op": "create_run",
+            "experiment": experiment,
+            "run_name": run_name,
+            "tags": dict(tags),
+            "time_ms": _now_ms(),
+            "ref_tags": list(ref_tags),
+        }
+        if self._journal is not None and self._sender is not None:
+            op["ref"] = self._journal.new_ref()
+            self._emit(op)
+            return str(op["ref"])
+        run_id = self.apply(op)
+        assert run_id is not None
+        return run_id
+
+    def apply(self, op: Mapping[str, Any], *, files: Path | None = None, key: str = "") -> str | None:
+        """Carry out one write op (run ids already resolved) on the store; a created run's id is returned.
+
+        ``key`` (a journal's ``<id>/<ref>``) makes creating a run idempotent: the run is tagged with it and
+        looked up by it first. ``files`` holds a journal's copies of artifact contents.
+        """
+        kind, run = op["op"], str(op.get("run", ""))
+        if kind == "create_run":
+            exp = self.experiment_id(op["experiment"])
+            assert exp is not None
+            if key:
+                found = self.client.search_runs([exp], filter_string=f"tags.`{KEY_TAG}` = '{key}'", max_results=1)
+                if found:
+                    return str(found[0].info.run_id)
+            tags = {**op["tags"], **({KEY_TAG: key} if key else {})}
+            created = self.client.create_run(exp, start_time=op.get("time_ms"), tags=tags, run_name=op["run_name"])
+            return str(created.info.run_id)
+        if kind == "batch":
+            metrics = [Metric(key=k, value=v, timestamp=ts, step=step) for k, v, ts, step in op.get("metrics", ())]
+            params = [Param(k, v) for k, v in op.get("params", {}).items()]
+            run_tags = [RunTag(k, v) for k, v in op.get("tags", {}).items()]
+            for i in range(0, len(metrics), 1000):
+                self.client.log_batch(run, metrics=metrics[i : i + 1000], synchronous=True)
+            for i in range(0, len(params), 100):
+                self.client.log_batch(run, params=params[i : i + 100], synchronous=True)
+            for i in range(0, len(run_tags), 100):
+                self.client.log_batch(run, tags=run_tags[i : i + 100], synchronous=True)
+        elif kind == "delete_tags":
+            present = self.client.get_run(run).data.tags
+            for k in op["keys"]:
+                if k in present:
+                    self.client.delete_tag(run, k)
+        elif kind == "artifact":
+            name = str(op["name"])
+            folder = os.path.dirname(name) or None
+            if "text" in op:
+                self.client.log_text(run, op["text"], name)
+                return None
+            path = Path(op["file"]) if "file" in op else Path(files or ".") / op["journal_file"]
+            if path.name == os.path.basename(name):
+                self.client.log_artifact(run, str(path), folder)
+            else:
+                self.client.log_text(run, path.read_text(errors="replace"), name)
+        elif kind == "terminate":
+            self.client.set_terminated(run, status=op["status"], end_time=op.get("time_ms"))
+        elif kind == "reopen":
+            self.client.update_run(run, status="RUNNING")
+        elif kind != "header":
+            raise ValueError(f"unknown store op {kind!r}")
+        return None
 
     # -- owners, orphans, resume -------------------------------------------------------------------
     def heartbeat(self, parent_id: str) -> None:
         """The owner of a running parent run is alive (see HEARTBEAT_S)."""
-        self.client.set_tag(parent_id, "heartbeat", f"{time.time():.0f}")
+        self.set_tags(parent_id, {"heartbeat": f"{time.time():.0f}"})
 
     def reap_orphans(self) -> dict[str, str]:
         """Mark KILLED, with the reason, every RUNNING parent run whose owner is gone, and its RUNNING trials.
@@ -339,15 +454,15 @@ class ResultsStore:
         """A parent run taken up again by `crossrl run --resume`: RUNNING, owned by this process."""
         run = self.parent_run(parent_id)
         resumes = int(run.data.tags.get("resumes", "0") or 0) + 1
-        for key in run.data.tags:  # the counts and reason of the ending it had are no longer true
-            if key.startswith("trials.") or key == "reason":
-                self.client.delete_tag(parent_id, key)
+        stale = [k for k in run.data.tags if k.startswith("trials.") or k == "reason"]  # its last ending's
+        if stale:
+            self._emit({"op": "delete_tags", "run": parent_id, "keys": stale})
         self.set_tags(parent_id, {**_owner_tags(), "status": "RUNNING", "resumes": str(resumes)})
-        self.client.update_run(parent_id, status="RUNNING")
+        self._emit({"op": "reopen", "run": parent_id})
 
     def supersede(self, trial_run_id: str, *, by: str) -> None:
         """An interrupted trial run that a resume ran again: kept, but no longer one of the parent's trials."""
-        self.client.set_tag(trial_run_id, SUPERSEDED_TAG, by)
+        self._emit({"op": "batch", "run": trial_run_id, "tags": {SUPERSEDED_TAG: by}, "ref_tags": [SUPERSEDED_TAG]})
 
     def log_bench(self, kind: str, *, data: Mapping[str, Any], metrics: Mapping[str, float], command: str = "") -> str:
         """One run in experiment ``bench-<kind>``: the figures as metrics, the whole result as ``bench.json``.
@@ -374,10 +489,10 @@ class ResultsStore:
         self.client.set_terminated(run_id, status="FINISHED")
         return run_id
 
-    def _log_params(self, run_id: str, params: Mapping[str, str]) -> None:
-        items = [Param(_param_key(k), v) for k, v in params.items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(run_id, params=items[i : i + 100], synchronous=True)
+    def _log_params(self, run_id: str, params: Mapping[str, str], *, what: str = "params") -> None:
+        self._emit(
+            {"op": "batch", "run": run_id, "params": {_param_key(k): v for k, v in params.items()}, "what": what}
+        )
 
     # -- reading -----------------------------------------------------------------------------------
     def parent_runs(self, scenario: str) -> list[Any]:
@@ -458,6 +573,10 @@ def _history_csv(history: Sequence[tuple[int, Mapping[str, float]]]) -> str:
         for k, v in values.items():
             buf.write(f"{k},{int(step)},{float(v)!r}\n")
     return buf.getvalue()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _num(text: str | None) -> float:

@@ -48,53 +48,11 @@ def fault_engine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return markers
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory):  # -> Iterator[str]
     """A real `mlflow server` on a free loopback port with an sqlite backend in a temp folder."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    import urllib.request
+    from mlflow_server import MlflowServer
 
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    log = open(root / "server.log", "wb")  # noqa: SIM115 (open for the server's lifetime)
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "mlflow", "server",
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", (root / "artifacts").as_uri(),
-            "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        ],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            log.close()
-            raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
-        time.sleep(0.5)
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    log.close()
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
+    yield server.url
+    server.stop()
