@@ -21,7 +21,9 @@ overwrite themselves. A journal the store has whole is removed; one it has not i
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import logging
 import os
 import queue
 import shutil
@@ -31,12 +33,16 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from filelock import FileLock, Timeout
 
-if TYPE_CHECKING:
-    from crossrl.reports.store import ResultsStore
+
+class Store(Protocol):
+    """What the sender needs of a store (ResultsStore.apply: one write op, run ids resolved)."""
+
+    def apply(self, op: Mapping[str, Any], *, files: Path | None = None, key: str = "") -> str | None: ...
+
 
 JOURNAL_DIR = "journal"
 KEY_TAG = "crossrl.journal_key"  # on every run a journal created: "<journal id>/<ref>"
@@ -99,9 +105,12 @@ class Journal:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             size = os.fstat(fd).st_size
-            os.write(fd, line)  # one write of the whole line; a short one raises (ENOSPC) or is cut back below
-            if os.fstat(fd).st_size != size + len(line):
-                raise OSError(28, "short write")
+            rest = memoryview(line)
+            while rest:  # a short write is followed by one that says why (ENOSPC, EFBIG)
+                written = os.write(fd, rest)
+                if written <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                rest = rest[written:]
             os.fsync(fd)
         except OSError as e:
             if fd >= 0:
@@ -211,6 +220,18 @@ def is_transient(e: BaseException) -> bool:
     )
 
 
+def _quiet_mlflow_in(thread_name: str) -> None:
+    """MLflow logs each failed attempt with its traceback; the sender's failures are its own to report
+    (``last_error``, and at the end of the run one line), so MLflow's log leaves out that thread's records."""
+
+    def other_threads(record: logging.LogRecord) -> bool:
+        return record.threadName != thread_name
+
+    for handler in logging.getLogger("mlflow").handlers:
+        if not any(getattr(f, "__name__", "") == "other_threads" for f in handler.filters):
+            handler.addFilter(other_threads)
+
+
 def describe(e: BaseException) -> str:
     """One short line for a failed store write (MLflow's own message for a refused connection runs to pages)."""
     text = str(e)
@@ -235,7 +256,7 @@ class Sender:
     with a ``store_warning.*`` tag on the run where possible).
     """
 
-    def __init__(self, store: ResultsStore, *, warn: Callable[[str], None] = lambda _msg: None) -> None:
+    def __init__(self, store: Store, *, warn: Callable[[str], None] = lambda _msg: None) -> None:
         self.store = store
         self.warn = warn
         self.failures = 0  # attempts that failed (transient), over the sender's life
@@ -252,6 +273,7 @@ class Sender:
 
     # -- feeding --------------------------------------------------------------------------------
     def start(self, *, live: Journal | None = None, backlog: Sequence[Journal] = ()) -> Sender:
+        _quiet_mlflow_in(self._thread.name)
         self._live, self._backlog = live, list(backlog)
         if live is not None:
             live.lock.acquire()
@@ -387,7 +409,7 @@ class _Unresolved(Exception):
 
 
 def sync(
-    store_for: Callable[[str], ResultsStore],
+    store_for: Callable[[str], Store],
     results_dir: Path,
     *,
     wait_s: float,

@@ -1,0 +1,101 @@
+"""A full disk under the results folder: a clear error, the journal intact, nothing already stored corrupted.
+
+The results folder lives on a small tmpfs (mounting one needs root, as CI runs here). A first run fills the
+store; the disk is then filled up to a little room, and a second run stops with exit 4 and one line when its
+journal cannot grow. Afterwards every journal line parses, the first run reads back whole from an sqlite
+file that passes its integrity check, and once there is room again `crossrl sync` sends what the second run
+journaled.
+"""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from crossrl.reports.journal import Journal
+from crossrl.reports.store import ResultsStore
+
+CLI = [sys.executable, "-m", "crossrl.cli"]
+ROOM_KB = 96  # what the second run finds free: room for its first writes, not for its trial
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # -> Iterator[Path]
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a tmpfs cannot be mounted here (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _fill(folder: Path, leave_kb: int) -> Path:
+    """A file that takes all the room there is, less ``leave_kb``."""
+    filler = folder / "filler"
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * (64 << 10))
+                f.flush()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+    with open(filler, "r+b") as f:
+        f.truncate(max(0, filler.stat().st_size - (leave_kb << 10)))
+    return filler
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_corrupts_nothing(small_disk: Path) -> None:
+    results = small_disk / "results"
+    common = ["--engines", "crossrl", "--workers", "1", "--seeds", "0", "--results-dir", str(results), "--no-report"]
+    first = subprocess.run([*CLI, "run", "smoke", *common], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    before = ResultsStore(None, results_dir=results).load(scenario="smoke")
+    filler = _fill(small_disk, ROOM_KB)
+
+    run = subprocess.Popen(
+        [*CLI, "run", "cartpole-ppo", *common, "--steps", "200000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = run.communicate(timeout=600)
+    assert run.returncode == 4, f"exit {run.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    assert "cannot write the journal" in lines[0] and "No space left on device" in lines[0]
+    assert f"crossrl sync {results}" in lines[0] and "--resume" in lines[0]
+    assert "Traceback" not in err
+    assert not [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if "crossrl.adapters.trial_proc" in " ".join(p.info["cmdline"] or [])
+    ]
+
+    [path] = (results / "journal").glob("*.jsonl")
+    records = Journal(path).records()  # every line whole: the failed append was cut back
+    assert [r["seq"] for r in records] == list(range(1, len(records) + 1))
+    assert path.read_bytes().endswith(b"\n")
+
+    db = sqlite3.connect(results / "mlflow.db")
+    assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    db.close()
+    after = ResultsStore(None, results_dir=results).load(parent_id=before.meta["parent_run_id"])
+    assert after.trials[["run_id", "status"]].equals(before.trials[["run_id", "status"]])
+    assert len(after.points) == len(before.points)
+
+    filler.unlink()  # room again: what the stopped run journaled goes to the store
+    synced = subprocess.run([*CLI, "sync", str(results)], capture_output=True, text=True, timeout=300)
+    assert synced.returncode == 0, synced.stderr
+    assert not list((results / "journal").glob("*.jsonl"))
+    store = ResultsStore(None, results_dir=results)
+    [parent] = store.parent_runs("cartpole-ppo")
+    assert parent.data.tags["fingerprint"]
