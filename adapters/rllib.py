@@ -237,16 +237,14 @@ def sampler_config(
     rollout_fragment: int | str,
     seed: int,
 ) -> Any:
-    """``config`` (a fresh AlgorithmConfig such as ``PPOConfig()``) set up to sample the spec's env with its MLP.
+    """``config`` (a fresh AlgorithmConfig such as ``PPOConfig()``) set up to sample the spec's env with its model.
 
     New API stack on torch; env runners make their envs with :func:`env_creator`, registered by the
-    caller as ``env_name``; policy and value function are each an MLP of ``model``'s sizes.
-    :func:`build_config` adds the trial's learners, training settings and callbacks on top; the
-    sampling benchmark (``crossrl bench sampling``) samples with this alone.
+    caller as ``env_name``; policy and value function each get the network of ``model``
+    (:func:`model_config`). :func:`build_config` adds the trial's learners, training settings and
+    callbacks on top; the sampling benchmark (``crossrl bench sampling``) samples with this alone.
     """
-    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
-
-    return (
+    config = (
         config.api_stack(enable_rl_module_and_learner=True, enable_env_runner_and_connector_v2=True)
         .framework("torch")
         .environment(env=env_name, env_config={"env_spec": env_spec.model_dump(mode="json")})
@@ -256,17 +254,49 @@ def sampler_config(
             num_cpus_per_env_runner=cpus_per_env_runner,
             rollout_fragment_length=rollout_fragment,
         )
-        .rl_module(
-            # vf_share_layers=False: the value function gets its own MLP of the same sizes (the
-            # dataclass default True would override PPO's own False); heads are linear.
-            model_config=DefaultModelConfig(
-                fcnet_hiddens=list(model.hidden),
-                fcnet_activation=model.activation,
-                head_fcnet_hiddens=[],
-                vf_share_layers=False,
-            )
-        )
+        .rl_module(model_config=model_config(model))
         .debugging(seed=seed)
+    )
+    if model.conv:
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+        from crossrl.adapters.rllib_frames import frames_module_class
+
+        default = config.get_default_rl_module_spec().module_class
+        config.rl_module(rl_module_spec=RLModuleSpec(module_class=frames_module_class(default)))
+    return config
+
+
+def model_config(model: ModelSpec) -> Any:
+    """RLlib's ``DefaultModelConfig`` for the spec's network.
+
+    An MLP: the encoder is the MLP (``fcnet_hiddens``) and the heads are linear. A conv model: RLlib
+    builds a CNN encoder for image observations (its ``fcnet_hiddens`` are then unused), so the conv
+    stack goes to ``conv_filters`` with padding ``"valid"`` (RLlib's default is ``"same"``; crossrl and
+    TorchRL pad nothing) and the hidden layers to the heads (``head_fcnet_hiddens``). Either way
+    ``vf_share_layers=False``: the value function gets its own network of the same layers (the
+    dataclass default True would override PPO's own False). The uint8 frames are scaled by
+    :mod:`crossrl.adapters.rllib_frames`' RLModules. RLlib's CNN flattens its output channels-last
+    (H, W, C), crossrl and TorchRL channels-first: the first head layer's weights are a permutation of
+    each other's, the same function class and parameter count.
+    """
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+
+    if not model.conv:
+        return DefaultModelConfig(
+            fcnet_hiddens=list(model.hidden),
+            fcnet_activation=model.activation,
+            head_fcnet_hiddens=[],
+            vf_share_layers=False,
+        )
+    # DefaultModelConfig's type says [filters, kernel, stride]; its TorchCNN also reads a fourth item, the padding.
+    conv_filters: Any = [[filters, kernel, stride, "valid"] for filters, kernel, stride in model.conv]
+    return DefaultModelConfig(
+        conv_filters=conv_filters,
+        conv_activation=model.activation,
+        head_fcnet_hiddens=list(model.hidden),
+        head_fcnet_activation=model.activation,
+        vf_share_layers=False,
     )
 
 

@@ -186,13 +186,13 @@ def _gym_env(env_spec: EnvSpec) -> GymWrapper:
     return GymWrapper(make_env(env_spec), categorical_action_encoding=True)
 
 
-def env_dims(env_spec: EnvSpec) -> tuple[int, int]:
-    """(observation size, number of discrete actions) of the spec's env as TorchRL sees it."""
+def env_dims(env_spec: EnvSpec) -> tuple[tuple[int, ...], int]:
+    """(observation shape, number of discrete actions) of the spec's env as TorchRL sees it."""
     probe = _gym_env(env_spec)
-    obs_dim = int(probe.observation_spec["observation"].shape[-1])
+    obs_shape = tuple(int(n) for n in probe.observation_spec["observation"].shape)
     n_actions = int(probe.action_spec.space.n)
     probe.close()
-    return obs_dim, n_actions
+    return obs_shape, n_actions
 
 
 def worker_init() -> None:
@@ -364,8 +364,8 @@ class TorchrlAdapter:
             from crossrl.core.cluster import connect
 
             tags = connect(trial.ray_address)
-        obs_dim, n_actions = env_dims(trial.env)
-        learner = build_learner(trial=trial, obs_dim=obs_dim, n_actions=n_actions)
+        obs_shape, n_actions = env_dims(trial.env)
+        learner = build_learner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
         collector, collector_desc = build_collector(trial=trial, policy=learner.policy)
         try:
             collector.set_seed(trial.seed)

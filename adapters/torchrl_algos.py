@@ -19,12 +19,20 @@ from torchrl.data import Categorical as CategoricalSpec
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.postprocs import MultiStep
 from torchrl.data.replay_buffers import RandomSampler
-from torchrl.modules import EGreedyModule, ProbabilisticActor, QValueActor, ValueOperator
+from torchrl.modules import ConvNet, EGreedyModule, ProbabilisticActor, QValueActor, ValueOperator
 from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, ValueEstimators
 from torchrl.objectives.value import GAE, VTrace
 
 from crossrl.core.maths import mean_stats
-from crossrl.core.models import build_mlp, count_params
+from crossrl.core.models import (
+    FramesIn,
+    activation_class,
+    build_mlp,
+    conv_flat_dim,
+    count_params,
+    image_shape,
+    init_convs_,
+)
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ModelSpec, Trial
 
@@ -37,9 +45,37 @@ PRIORITIZED_REPLAY_UNAVAILABLE = (
 )
 
 
-def build_actor_net(*, obs_dim: int, n_actions: int, model: ModelSpec) -> nn.Module:
-    """The policy's MLP: ``n_actions`` logits, the last layer scaled by 0.01 (a near-uniform first policy)."""
-    return build_mlp(in_dim=obs_dim, out_dim=n_actions, model=model, out_gain=0.01)
+def build_net(*, obs_shape: tuple[int, ...], out_dim: int, model: ModelSpec, out_gain: float = 1.0) -> nn.Module:
+    """The spec's network as TorchRL builds it: crossrl's MLP (``build_mlp``, the same initialisation), after
+    TorchRL's ``ConvNet`` when the spec has a conv stack.
+
+    The conv stack: uint8 frames ``[..., H, W, C]`` to float ``[..., C, H, W]`` / 255 (``FramesIn``, so frames
+    stay uint8 in the collectors and replay), ``ConvNet`` (no padding, the spec's activation after every
+    layer, ``SquashDims`` flattening; initialised as crossrl's), then the MLP.
+    """
+    if not model.conv:
+        return build_mlp(in_dim=math.prod(obs_shape), out_dim=out_dim, model=model, out_gain=out_gain)
+    _, _, channels = image_shape(obs_shape, model)
+    conv = ConvNet(
+        in_features=channels,
+        num_cells=[f for f, _, _ in model.conv],
+        kernel_sizes=[k for _, k, _ in model.conv],
+        strides=[s for _, _, s in model.conv],
+        paddings=0,
+        activation_class=activation_class(model.activation),
+    )
+    mlp = build_mlp(in_dim=conv_flat_dim(obs_shape, model), out_dim=out_dim, model=model, out_gain=out_gain)
+    return nn.Sequential(FramesIn(), init_convs_(conv), mlp)
+
+
+def build_actor_net(*, obs_shape: tuple[int, ...], n_actions: int, model: ModelSpec) -> nn.Module:
+    """The policy's network: ``n_actions`` logits, the last layer scaled by 0.01 (a near-uniform first policy)."""
+    return build_net(obs_shape=obs_shape, out_dim=n_actions, model=model, out_gain=0.01)
+
+
+def build_critic_net(*, obs_shape: tuple[int, ...], model: ModelSpec) -> nn.Module:
+    """The value function's network (separate from the policy's, the same layers)."""
+    return build_net(obs_shape=obs_shape, out_dim=1, model=model)
 
 
 def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
@@ -71,11 +107,11 @@ class OnPolicyLearner:
     """PPO (ClipPPOLoss + GAE, epochs x minibatches), A2C/A3C (A2CLoss + GAE, one step per batch), or
     IMPALA (A2CLoss with the VTrace estimator, one step per ``train_batch`` env steps accumulated)."""
 
-    def __init__(self, *, trial: Trial, obs_dim: int, n_actions: int) -> None:
+    def __init__(self, *, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> None:
         self.trial = trial
         self.algo = trial.algorithm
-        self.actor_net = build_actor_net(obs_dim=obs_dim, n_actions=n_actions, model=trial.model)
-        self.critic_net = build_mlp(in_dim=obs_dim, out_dim=1, model=trial.model)
+        self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=trial.model)
+        self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
         self.actor = build_actor(net=self.actor_net, n_actions=n_actions)
         self.critic = ValueOperator(self.critic_net, in_keys=[OBS_KEY])
         self.policy: TensorDictModule | TensorDictSequential = self.actor
@@ -179,12 +215,12 @@ class OnPolicyLearner:
 class DQNLearner:
     """DQNLoss (double DQN when double_q) + uniform ReplayBuffer + HardUpdate target + epsilon-greedy."""
 
-    def __init__(self, *, trial: Trial, obs_dim: int, n_actions: int) -> None:
+    def __init__(self, *, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> None:
         if trial.hp("prioritized_replay"):
             raise NotImplementedError(PRIORITIZED_REPLAY_UNAVAILABLE)
         self.trial = trial
         spec = CategoricalSpec(n_actions)
-        self.qnet = build_mlp(in_dim=obs_dim, out_dim=n_actions, model=trial.model)
+        self.qnet = build_net(obs_shape=obs_shape, out_dim=n_actions, model=trial.model)
         self.qvalue = QValueActor(self.qnet, in_keys=[OBS_KEY], spec=spec)
         self.greedy_kwargs = {
             "eps_init": float(trial.hp("epsilon_initial")),
@@ -267,9 +303,9 @@ class DQNLearner:
         }  # fmt: skip
 
 
-def build_learner(*, trial: Trial, obs_dim: int, n_actions: int) -> OnPolicyLearner | DQNLearner:
+def build_learner(*, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> OnPolicyLearner | DQNLearner:
     if trial.algorithm == "dqn":
-        return DQNLearner(trial=trial, obs_dim=obs_dim, n_actions=n_actions)
+        return DQNLearner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
     if trial.algorithm in ("ppo", "a2c", "a3c", "impala"):
-        return OnPolicyLearner(trial=trial, obs_dim=obs_dim, n_actions=n_actions)
+        return OnPolicyLearner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
     raise ValueError(f"torchrl: no {trial.algorithm!r} (see adapters/registry.py for why)")

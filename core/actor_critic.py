@@ -1,11 +1,13 @@
-"""The actor-critic policy of ppo/a2c/a3c/impala: torch learns, numpy acts.
+"""The actor-critic policy of ppo/a2c/a3c/impala: torch learns, numpy acts (MLPs) or torch acts (conv models).
 
-:class:`ActorCriticPolicy` has separate actor and critic MLPs, categorical actions for ``Discrete``
-spaces and a diagonal Gaussian for ``Box``; each algorithm module subclasses it and supplies only
-:meth:`~crossrl.core.policy.Policy.loss`. It acts through the fused numpy net of
+:class:`ActorCriticPolicy` has separate actor and critic networks (:func:`crossrl.core.models.build_net`:
+the spec's MLP, after its conv stack when it has one), categorical actions for ``Discrete`` spaces and a
+diagonal Gaussian for ``Box``; each algorithm module subclasses it and supplies only
+:meth:`~crossrl.core.policy.Policy.loss`. An MLP policy acts through the fused numpy net of
 :mod:`crossrl.core.numpy_net`; torch is imported only where the policy learns or computes gradients
 (the driver, A3C workers): a sampling-only evaluator actor keeps its weights as numpy and never
-imports torch (RSS per evaluator actor: ``crossrl bench overhead``).
+imports torch (RSS per evaluator actor: ``crossrl bench overhead``). A conv policy acts through its
+torch modules (batched forward pass per step, uint8 frames in).
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ class ActorCriticPolicy(Policy):
         )
         if not isinstance(observation_space, gym.spaces.Box):
             raise TypeError(f"ActorCriticPolicy needs a Box observation space, got {observation_space}")
-        self.obs_dim = int(np.prod(observation_space.shape))
+        self.obs_shape = tuple(int(n) for n in observation_space.shape)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        self.conv = bool(model.conv)  # a conv model acts through torch (numpy_net runs MLPs only)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         if self.discrete:
             assert isinstance(action_space, gym.spaces.Discrete)
@@ -86,13 +90,14 @@ class ActorCriticPolicy(Policy):
             import torch
             from torch import nn
 
-            from crossrl.core.models import build_mlp
+            from crossrl.core.models import build_net
 
             torch.manual_seed(self.seed)
+            shape, spec = self.obs_shape, self.model_spec
             net = nn.ModuleDict(
                 {
-                    "pi": build_mlp(in_dim=self.obs_dim, out_dim=self.act_dim, model=self.model_spec, out_gain=0.01),
-                    "vf": build_mlp(in_dim=self.obs_dim, out_dim=1, model=self.model_spec, out_gain=1.0),
+                    "pi": build_net(obs_shape=shape, out_dim=self.act_dim, model=spec, out_gain=0.01),
+                    "vf": build_net(obs_shape=shape, out_dim=1, model=spec, out_gain=1.0),
                 }
             )
             if not self.discrete:
@@ -120,8 +125,7 @@ class ActorCriticPolicy(Policy):
 
     # -- acting ------------------------------------------------------------------------------------
     def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        fused, log_std, _ = self._numpy_net()
-        out = np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))
+        out, log_std = self._outputs(obs)
         values = out[:, -1]
         if self.discrete:
             logits = out[:, :-1]
@@ -142,6 +146,8 @@ class ActorCriticPolicy(Policy):
         return actions, {sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values.astype(np.float32)}
 
     def fragment_actor(self, *, num_steps: int, num_envs: int) -> FragmentActor:
+        if self.conv:
+            return super().fragment_actor(num_steps=num_steps, num_envs=num_envs)  # compute_actions per step
         return FusedFragmentActor(
             self._numpy_net(),
             obs_dim=self.obs_dim,
@@ -154,8 +160,32 @@ class ActorCriticPolicy(Policy):
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for ``obs[B, ...]`` -> ``[B]`` (float32)."""
+        if self.conv:
+            import torch
+
+            with torch.no_grad():
+                return self.net["vf"](self._frames(obs))[:, 0].numpy()
         fused = self._numpy_net().layers
         return np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))[:, -1].copy()
+
+    def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(the actor's outputs and the value side by side ``[B, act_dim + 1]``, log std or None) for ``obs``."""
+        if not self.conv:
+            fused, log_std, _ = self._numpy_net()
+            return np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim)), log_std
+        import torch
+
+        with torch.no_grad():
+            x = self._frames(obs)
+            out = torch.cat([self.net["pi"](x), self.net["vf"](x)], dim=1).numpy()
+            log_std = None if self.discrete else self.net.get_parameter("log_std").numpy().copy()
+        return out, log_std
+
+    def _frames(self, obs: np.ndarray) -> torch.Tensor:
+        """Observations ``[B, ...]`` as a tensor ``[B, H, W, C]`` in their own dtype (uint8 frames stay uint8)."""
+        import torch
+
+        return torch.as_tensor(np.asarray(obs)).reshape(len(obs), *self.obs_shape)
 
     def _numpy_net(self) -> FusedNet:
         """Actor and critic fused into one numpy MLP (block-diagonal weights), refreshed after weight changes.
@@ -195,7 +225,7 @@ class ActorCriticPolicy(Policy):
         import torch
 
         lead = obs.shape[: obs.dim() - len(self.observation_space.shape or ())]
-        x = obs.reshape(-1, self.obs_dim)
+        x = self.net_input(obs)
         out = self.net["pi"](x)
         values = self.net["vf"](x)[:, 0]
         if self.discrete:
@@ -210,6 +240,11 @@ class ActorCriticPolicy(Policy):
             logp = (-0.5 * z**2 - log_std - 0.5 * LOG_2PI).sum(-1)
             entropy = (log_std + 0.5 * (1.0 + LOG_2PI)).sum(-1)
         return logp.reshape(lead), entropy.reshape(lead), values.reshape(lead)
+
+    def net_input(self, obs: torch.Tensor) -> torch.Tensor:
+        """Observations of any leading shape as the networks take them: float rows (MLP) or frames ``[B, H, W, C]``
+        in their own dtype (conv; the model scales uint8 itself)."""
+        return obs.reshape(-1, *self.obs_shape) if self.conv else obs.reshape(-1, self.obs_dim).float()
 
     # -- learning -----------------------------------------------------------------------------------
     def to_tensors(self, batch: SampleBatch) -> dict[str, torch.Tensor]:

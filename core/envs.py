@@ -13,8 +13,10 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from crossrl.scenarios.loader import first_line, registered_spec
+from crossrl.scenarios.loader import first_line, register_suite, registered_spec
 from crossrl.scenarios.spec import EnvSpec
+
+ATARI_FRAME_STACK = 4
 
 
 class StepLatency(gym.Wrapper):
@@ -29,12 +31,60 @@ class StepLatency(gym.Wrapper):
         return self.env.step(action)
 
 
+class MinAtarFrames(gym.ObservationWrapper):
+    """MinAtar's boolean channels [10, 10, C] as uint8 frames of 0 and 255 (what every model scales by 1/255)."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        assert isinstance(space, gym.spaces.Box)
+        self.observation_space = gym.spaces.Box(0, 255, space.shape, np.uint8)
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return np.multiply(observation, 255, dtype=np.uint8)
+
+
+class ChannelsLast(gym.ObservationWrapper):
+    """Stacked frames [K, H, W] (gymnasium's FrameStackObservation) as [H, W, K], the layout every model reads."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        space = env.observation_space
+        assert isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+        low, high = np.moveaxis(space.low, 0, -1), np.moveaxis(space.high, 0, -1)
+        self.observation_space = gym.spaces.Box(low, high, low.shape, space.dtype)  # type: ignore[arg-type]
+
+    def observation(self, observation: Any) -> np.ndarray:
+        return np.ascontiguousarray(np.moveaxis(observation, 0, -1))
+
+
 def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:
-    """One env as the spec describes it (with the latency wrapper when ``step_latency_ms`` > 0)."""
-    env = gym.make(spec.id, **{**spec.kwargs, **overrides})
+    """One env as the spec describes it: its preprocessing (``EnvSpec.preprocessing``), then the latency
+    wrapper when ``step_latency_ms`` > 0. Pixel envs give uint8 frames [H, W, C]."""
+    register_suite(spec.id)
+    kwargs = {**spec.kwargs, **overrides}
+    kind = spec.resolved_preprocessing
+    if kind == "atari":
+        # AtariPreprocessing skips frames itself (max-pooling the last two), so the env must not.
+        env = gym.make(spec.id, **{"frameskip": 1, **kwargs})
+        env = gym.wrappers.AtariPreprocessing(
+            env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True
+        )
+        env = ChannelsLast(gym.wrappers.FrameStackObservation(env, ATARI_FRAME_STACK))
+    else:
+        env = gym.make(spec.id, **kwargs)
+        if kind == "minatar":
+            env = MinAtarFrames(env)
     if spec.step_latency_ms > 0:
         env = StepLatency(env, spec.step_latency_ms)
     return env
+
+
+def _native_vector(spec: EnvSpec) -> bool:
+    """Whether crossrl steps the env's own vector class (:func:`make_vector_env`)."""
+    if spec.step_latency_ms > 0 or spec.resolved_preprocessing != "none":
+        return False  # ale-py's AtariVectorEnv, for one, would skip crossrl's preprocessing
+    return registered_spec(spec.id).vector_entry_point is not None
 
 
 class SerialVectorEnv(SyncVectorEnv):
@@ -81,16 +131,15 @@ class SerialVectorEnv(SyncVectorEnv):
 def make_vector_env(spec: EnvSpec, num_envs: int) -> gym.vector.VectorEnv:
     """``num_envs`` copies stepped in this process, autoresetting on the next step after an episode ends.
 
-    Uses the env's native vector implementation where it has one and no latency is simulated (CartPole
-    has one: several times faster than SyncVectorEnv), otherwise :class:`SerialVectorEnv` over
-    :func:`make_env`.
+    Uses the env's native vector implementation where it has one and neither latency nor preprocessing
+    is added (CartPole has one: several times faster than SyncVectorEnv), otherwise
+    :class:`SerialVectorEnv` over :func:`make_env`.
     Latency envs are stepped one after another, so each worker pays ``num_envs x latency`` per step,
     as a worker driving a real simulator per env would. The observations come back in the vector
     env's own buffer, overwritten by the next step (callers copy what they keep; a deep copy per step
     cost ~9 us of CPU per step, a tenth of a latency worker's CPU per step in ``crossrl bench scaling``).
     """
-    env_spec = registered_spec(spec.id)
-    if spec.step_latency_ms == 0 and env_spec.vector_entry_point is not None:
+    if _native_vector(spec):
         return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.kwargs)
     return SerialVectorEnv([lambda: make_env(spec) for _ in range(num_envs)])
 
@@ -105,7 +154,7 @@ def check_env(spec: EnvSpec) -> str | None:
     """
     kwargs = ", **kwargs" if spec.kwargs else ""
     problem = _try_env(f"gymnasium.make({spec.id!r}{kwargs})", lambda: make_env(spec), step=True)
-    if problem is None and spec.step_latency_ms == 0 and registered_spec(spec.id).vector_entry_point is not None:
+    if problem is None and _native_vector(spec):
         what = f"gymnasium.make_vec({spec.id!r}, num_envs=1{kwargs})"
         problem = _try_env(what, lambda: make_vector_env(spec, 1), step=False)
     return f"env: {problem}; check env.id and env.kwargs" if problem else None

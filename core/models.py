@@ -1,14 +1,27 @@
-"""The one network builder every engine uses, so that architectures match across engines."""
+"""The one network builder every engine uses, so that architectures match across engines.
+
+:func:`build_mlp` builds the spec's MLP; :func:`build_net` puts the spec's conv stack
+(:func:`build_conv_trunk`) before it when the spec has one. TorchRL builds its conv stack with its own
+``ConvNet`` (``crossrl.adapters.torchrl_algos``) and RLlib with its CNN encoder; both match these layer
+for layer (the tests count the parameters).
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import torch
 from torch import nn
 
-from crossrl.scenarios.spec import ModelSpec
+from crossrl.scenarios.spec import ModelSpec, conv_output_sizes, conv_problem
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def activation_class(name: str) -> type[nn.Module]:
+    """The torch module of a spec's ``activation``."""
+    return _ACTIVATIONS[name]
 
 
 def build_mlp(*, in_dim: int, out_dim: int, model: ModelSpec, out_gain: float = 1.0) -> nn.Sequential:
@@ -34,6 +47,77 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, gain=gain)
     nn.init.zeros_(layer.bias)
     return layer
+
+
+def init_convs_(module: nn.Module) -> nn.Module:
+    """Every Conv2d in ``module`` orthogonal with gain sqrt(2), biases zero (as :func:`build_mlp`'s hidden layers)."""
+    for layer in module.modules():
+        if isinstance(layer, nn.Conv2d):
+            nn.init.orthogonal_(layer.weight, gain=math.sqrt(2.0))
+            if layer.bias is not None:
+                nn.init.zeros_(layer.bias)
+    return module
+
+
+def scale_frames(x: torch.Tensor) -> torch.Tensor:
+    """uint8 frames as float in [0, 1] (x / 255); other dtypes as float, unscaled."""
+    return x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+
+
+class ScaleFrames(nn.Module):
+    """:func:`scale_frames` as a module (no parameters): frames travel as uint8 and become float here."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return scale_frames(x)
+
+
+class FramesIn(nn.Module):
+    """Frames ``[..., H, W, C]`` (channels last, as envs give them) -> float ``[..., C, H, W]`` (:func:`scale_frames`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return scale_frames(x.movedim(-1, -3))
+
+
+def image_shape(obs_shape: Sequence[int], model: ModelSpec) -> tuple[int, int, int]:
+    """(H, W, C) of the observations a conv model reads; a ValueError naming the spec field when it cannot."""
+    if len(obs_shape) != 3:
+        raise ValueError(
+            f"algorithm.model.conv needs image observations [H, W, C]; the env gives shape {list(obs_shape)} "
+            "(use an MLP: conv: [])"
+        )
+    h, w, c = (int(n) for n in obs_shape)
+    problem = conv_problem(h, w, model.conv)
+    if problem:
+        raise ValueError(f"algorithm.model.conv: {problem}")
+    return h, w, c
+
+
+def conv_flat_dim(obs_shape: Sequence[int], model: ModelSpec) -> int:
+    """Features out of the flattened conv stack (its input to the MLP)."""
+    h, w, _ = image_shape(obs_shape, model)
+    out_h, out_w = conv_output_sizes(h, w, model.conv)[-1]
+    return out_h * out_w * model.conv[-1][0]
+
+
+def build_conv_trunk(*, obs_shape: Sequence[int], model: ModelSpec) -> tuple[nn.Sequential, int]:
+    """The spec's conv stack on frames ``[B, H, W, C]``: :class:`FramesIn`, each Conv2d (no padding) and the
+    activation, then flattened; returns it and its number of output features."""
+    _, _, prev = image_shape(obs_shape, model)
+    act = _ACTIVATIONS[model.activation]
+    layers: list[nn.Module] = [FramesIn()]
+    for filters, kernel, stride in model.conv:
+        layers += [nn.Conv2d(prev, filters, kernel, stride), act()]
+        prev = filters
+    layers.append(nn.Flatten())
+    return init_convs_(nn.Sequential(*layers)), conv_flat_dim(obs_shape, model)  # type: ignore[return-value]
+
+
+def build_net(*, obs_shape: Sequence[int], out_dim: int, model: ModelSpec, out_gain: float = 1.0) -> nn.Sequential:
+    """:func:`build_mlp` on the flat observation, or ``Sequential(conv trunk, MLP)`` when the spec has a conv stack."""
+    if not model.conv:
+        return build_mlp(in_dim=math.prod(obs_shape), out_dim=out_dim, model=model, out_gain=out_gain)
+    trunk, flat = build_conv_trunk(obs_shape=obs_shape, model=model)
+    return nn.Sequential(trunk, build_mlp(in_dim=flat, out_dim=out_dim, model=model, out_gain=out_gain))
 
 
 def count_params(module: nn.Module) -> int:

@@ -1,6 +1,7 @@
 """QPolicy: the policy graph of DQN and Ape-X (Mnih et al. 2015; van Hasselt et al. 2016; Horgan et al. 2018).
 
-A Q-network from :func:`crossrl.core.models.build_mlp` and a target copy; epsilon-greedy actions;
+A Q-network from :func:`crossrl.core.models.build_net` (the spec's MLP, after its conv stack when it has
+one) and a target copy; epsilon-greedy actions;
 postprocessing on the worker computes n-step returns and, for prioritized replay, each transition's
 initial priority ``|TD error|`` with the worker's own copy of both networks (Ape-X, section 3); the
 loss is the importance-weighted Huber TD loss with double-Q targets.
@@ -24,7 +25,7 @@ from torch.nn import functional as F
 
 from crossrl.core import maths
 from crossrl.core import sample_batch as sb
-from crossrl.core.models import build_mlp
+from crossrl.core.models import build_net
 from crossrl.core.numpy_net import NpLayer, np_forward, np_layers
 from crossrl.core.policy import Policy
 from crossrl.core.sample_batch import SampleBatch
@@ -59,10 +60,12 @@ class QPolicy(Policy):
             raise TypeError(f"QPolicy (dqn, apex) needs a Discrete action space, got {action_space}")
         if not isinstance(observation_space, gym.spaces.Box):
             raise TypeError(f"QPolicy needs a Box observation space, got {observation_space}")
-        self.obs_dim = int(np.prod(observation_space.shape))
+        self.obs_shape = tuple(int(n) for n in observation_space.shape)
+        self.obs_dim = int(np.prod(self.obs_shape))
+        self.conv = bool(model.conv)  # a conv Q-network runs in torch (numpy_net runs MLPs only)
         self.num_actions = int(action_space.n)
         torch.manual_seed(seed)
-        self.q = build_mlp(in_dim=self.obs_dim, out_dim=self.num_actions, model=model, out_gain=1.0)
+        self.q = build_net(obs_shape=self.obs_shape, out_dim=self.num_actions, model=model, out_gain=1.0)
         self.target = copy.deepcopy(self.q).requires_grad_(False)
         self.params = list(self.q.parameters())
         self.optimizer = torch.optim.Adam(self.params, lr=float(self.hp["lr"]), eps=float(self.hp["adam_eps"]))
@@ -81,7 +84,12 @@ class QPolicy(Policy):
         self.epsilon = float(epsilon)
 
     def q_values(self, obs: np.ndarray, *, target: bool = False) -> np.ndarray:
-        """Q(obs, .) for ``obs[B, ...]`` -> ``[B, num_actions]`` (float32), in numpy (no torch dispatch per step)."""
+        """Q(obs, .) for ``obs[B, ...]`` -> ``[B, num_actions]`` (float32), in numpy for an MLP (no torch dispatch
+        per step), in torch for a conv network."""
+        if self.conv:
+            with torch.no_grad():
+                frames = torch.as_tensor(np.asarray(obs)).reshape(len(obs), *self.obs_shape)
+                return (self.target if target else self.q)(frames).numpy()
         if self._np_q is None or self._np_target is None:
             weights = self.get_weights()
             act = self.model_spec.activation
@@ -153,8 +161,7 @@ class QPolicy(Policy):
     # -- loss --------------------------------------------------------------------------------------
     def _td_error(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """``Q(s, a) - (R + discount * Q_target(s', a*))``, ``a*`` from the online net when ``double_q``."""
-        obs = batch[sb.OBS].reshape(-1, self.obs_dim).float()
-        next_obs = batch[sb.N_STEP_NEXT_OBS].reshape(-1, self.obs_dim).float()
+        obs, next_obs = self._net_input(batch[sb.OBS]), self._net_input(batch[sb.N_STEP_NEXT_OBS])
         actions = batch[sb.ACTIONS].reshape(-1).long()
         q = self.q(obs).gather(1, actions[:, None])[:, 0]
         with torch.no_grad():
@@ -166,6 +173,10 @@ class QPolicy(Policy):
                 batch[sb.N_STEP_RETURNS].reshape(-1).float() + batch[sb.N_STEP_DISCOUNTS].reshape(-1).float() * q_next
             )
         return q - target
+
+    def _net_input(self, obs: torch.Tensor) -> torch.Tensor:
+        """Float rows (MLP) or frames ``[B, H, W, C]`` in their own dtype (conv: the network scales uint8)."""
+        return obs.reshape(-1, *self.obs_shape) if self.conv else obs.reshape(-1, self.obs_dim).float()
 
     def _loss_and_td(self, batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         td = self._td_error(batch)

@@ -373,4 +373,24 @@ def registered_spec(env_id: str) -> Any:
     module, sep, name = env_id.rpartition(":")
     if sep:
         importlib.import_module(module)
+    register_suite(name)
     return gym.spec(name)
+
+
+def register_suite(env_id: str) -> None:
+    """Register the env suite an id names, where gymnasium does not: ``ALE/...`` (ale-py) and ``MinAtar/...``.
+
+    gymnasium 1.x loads no entry points, so their ids exist only once their package has registered
+    them; this does it once per process (every process that makes envs calls it: engines' workers too).
+    """
+    import gymnasium as gym
+
+    name = env_id.rpartition(":")[2]
+    if name.startswith("ALE/") and name not in gym.registry:
+        import ale_py
+
+        gym.register_envs(ale_py)
+    elif name.startswith("MinAtar/") and not any(key.startswith("MinAtar/") for key in gym.registry):
+        import minatar.gym
+
+        minatar.gym.register_envs()

@@ -20,25 +20,78 @@ MAX_SEED = 2**31 - 1
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
+Preprocessing = Literal["none", "atari", "minatar"]
+
+FRAME_SIZES: dict[str, tuple[int, int]] = {"atari": (84, 84), "minatar": (10, 10)}
+"""The frames' height and width after each pixel preprocessing (what a conv stack sees)."""
+
+_SUITE_PREFIXES: dict[str, Preprocessing] = {"ALE/": "atari", "MinAtar/": "minatar"}
+
+
 class EnvSpec(BaseModel):
-    """The environment: a gymnasium id, its keyword arguments, and a simulated step cost."""
+    """The environment: a gymnasium id, its keyword arguments, its preprocessing and a simulated step cost."""
 
     model_config = _STRICT
 
     id: str = Field(description="gymnasium env id, e.g. CartPole-v1 (or 'module:Id' to import a module first)")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to gymnasium.make")
+    preprocessing: Preprocessing | None = Field(
+        default=None,
+        description=(
+            "wrappers crossrl puts around the env, the same for every engine. 'atari': gymnasium.make with "
+            "frameskip=1 (sticky actions as the id defines them: v5 repeats the last action with p=0.25), then "
+            "AtariPreprocessing (up to 30 no-op starts, frame skip 4 with max-pooling of the last two frames, "
+            "84x84 grayscale) and a 4-frame stack: uint8 frames [84, 84, 4]. 'minatar': MinAtar's boolean "
+            "channels as uint8 frames [10, 10, C] of 0 and 255. 'none': the env as gymnasium.make builds it. "
+            "null (the default): chosen from the id, 'atari' for ALE/..., 'minatar' for MinAtar/..., else 'none'"
+        ),
+    )
     step_latency_ms: float = Field(
         default=0.0, ge=0, le=10_000, description="wall time added per env step (sleep: costs time, not CPU)"
     )
 
+    @property
+    def resolved_preprocessing(self) -> Preprocessing:
+        """``preprocessing``, or the one the id implies when it is null."""
+        if self.preprocessing is not None:
+            return self.preprocessing
+        name = self.id.rpartition(":")[2]
+        return next((kind for prefix, kind in _SUITE_PREFIXES.items() if name.startswith(prefix)), "none")
+
 
 class ModelSpec(BaseModel):
-    """The policy/value network every engine builds: an MLP, same sizes and activation everywhere."""
+    """The policy/value network every engine builds: an optional conv stack, then an MLP; same everywhere."""
 
     model_config = _STRICT
 
+    conv: tuple[tuple[int, int, int], ...] = Field(
+        default=(),
+        description=(
+            "conv layers before the hidden ones, each [filters, kernel, stride] (square kernel, no padding, the "
+            "activation after each), then flattened; needs image observations [H, W, C], uint8 frames are "
+            "scaled by 1/255 inside the model. Empty (the default): an MLP on the flat observation"
+        ),
+    )
     hidden: tuple[int, ...] = Field(default=(64, 64), description="hidden layer widths")
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: Literal["tanh", "relu"] = Field(default="tanh", description="after every conv and hidden layer")
+
+    @field_validator("conv", mode="before")
+    @classmethod
+    def _conv_triples(cls, v: Any) -> Any:
+        if not isinstance(v, list | tuple):
+            return v  # pydantic names the type it wanted
+        for i, layer in enumerate(v):
+            if not isinstance(layer, list | tuple) or len(layer) != 3:
+                raise ValueError(f"layer {i + 1} {layer!r}: give each layer as [filters, kernel, stride]")
+        return v
+
+    @field_validator("conv")
+    @classmethod
+    def _conv_positive(cls, v: tuple[tuple[int, int, int], ...]) -> tuple[tuple[int, int, int], ...]:
+        for i, layer in enumerate(v):
+            if any(x < 1 for x in layer):
+                raise ValueError(f"layer {i + 1} {list(layer)}: filters, kernel and stride must each be >= 1")
+        return v
 
     @field_validator("hidden")
     @classmethod
@@ -46,6 +99,28 @@ class ModelSpec(BaseModel):
         if not v or any(h < 1 for h in v):
             raise ValueError("every hidden layer width must be >= 1 and there must be at least one layer")
         return v
+
+
+def conv_output_sizes(height: int, width: int, conv: tuple[tuple[int, int, int], ...]) -> list[tuple[int, int]]:
+    """(height, width) after each conv layer (no padding: ``(n - kernel) // stride + 1``), possibly < 1."""
+    out = []
+    for _, kernel, stride in conv:
+        height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
+        out.append((height, width))
+    return out
+
+
+def conv_problem(height: int, width: int, conv: tuple[tuple[int, int, int], ...]) -> str | None:
+    """Why ``conv`` cannot run on ``height`` x ``width`` frames (it shrinks them below 1x1), or None."""
+    prev = (height, width)
+    for i, size in enumerate(conv_output_sizes(height, width, conv)):
+        if min(size) < 1:
+            return (
+                f"layer {i + 1} {list(conv[i])} shrinks the {height}x{width} frames below 1x1 (its input is "
+                f"{prev[0]}x{prev[1]}); use smaller kernels or strides, or fewer layers"
+            )
+        prev = size
+    return None
 
 
 class Hyperparams(BaseModel):
@@ -204,6 +279,16 @@ class ScenarioSpec(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _conv_fits_frames(self) -> ScenarioSpec:
+        # The frame size is known here for the pixel preprocessings; other image envs are checked when the
+        # model is built (crossrl.core.models), once their observation shape is known.
+        size = FRAME_SIZES.get(self.env.resolved_preprocessing)
+        problem = conv_problem(*size, self.algorithm.model.conv) if size else None
+        if problem:
+            raise ValueError(f"algorithm.model.conv: {problem} ({self.env.id})")
+        return self
+
     @property
     def optimizer(self) -> str:
         """crossrl's policy optimizer for this spec (the algorithm's default when not set)."""
@@ -222,6 +307,13 @@ class ScenarioSpec(BaseModel):
         if not self.budget.stop_at_target:
             # Added after baselines existed: left out at its default so their fingerprints still match.
             data["budget"].pop("stop_at_target")
+        # Likewise the pixel fields: the preprocessing as resolved (a null one and the one it resolves to
+        # are the same conditions), left out when it is "none"; the conv stack left out when empty.
+        data["env"].pop("preprocessing")
+        if self.env.resolved_preprocessing != "none":
+            data["env"]["preprocessing"] = self.env.resolved_preprocessing
+        if not self.algorithm.model.conv:
+            data["algorithm"]["model"].pop("conv")
         return data
 
     def fingerprint(self) -> str:

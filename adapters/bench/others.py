@@ -76,9 +76,10 @@ def setup_torchrl(
 
     # This process: one torch thread, as in the adapter's run() (with one worker it steps the envs itself).
     worker_init()
-    obs_dim, n_actions = env_dims(env_spec)
+    obs_shape, n_actions = env_dims(env_spec)
     torch.manual_seed(0)
-    actor = build_actor(net=build_actor_net(obs_dim=obs_dim, n_actions=n_actions, model=model), n_actions=n_actions)
+    net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=model)
+    actor = build_actor(net=net, n_actions=n_actions)
     collector, desc = local_collector(
         env_spec,
         workers=workers,

@@ -28,7 +28,7 @@ class VTracePolicy(ActorCriticPolicy):
 
         logp, entropy, values = self.evaluate(batch[sb.OBS], batch[sb.ACTIONS])  # [T, N]
         with torch.no_grad():
-            boot = self.net["vf"](batch[sb.NEXT_OBS][-1].reshape(-1, self.obs_dim).float())[:, 0]
+            boot = self.net["vf"](self.net_input(batch[sb.NEXT_OBS][-1]))[:, 0]
             v = values.detach()
             # In NEXT_STEP autoreset the row after an ended episode holds its final obs (see next_values_from).
             next_values = torch.cat([v[1:], boot[None]], dim=0)

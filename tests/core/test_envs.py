@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from crossrl.core.envs import SerialVectorEnv, make_env, make_vector_env
+from crossrl.core.envs import SerialVectorEnv, check_env, make_env, make_vector_env
 from crossrl.scenarios.spec import EnvSpec
 
 
@@ -59,3 +59,40 @@ def test_make_vector_env_picks_the_native_vector_env_without_latency_and_the_lea
     assert not isinstance(make_vector_env(EnvSpec(id="CartPole-v1"), 2), gym.vector.SyncVectorEnv)
     assert isinstance(make_vector_env(EnvSpec(id="CartPole-v1", step_latency_ms=1.0), 2), SerialVectorEnv)
     assert isinstance(make_vector_env(EnvSpec(id="Pendulum-v1"), 2), SerialVectorEnv)
+
+
+# -- pixel envs: built once here for every engine, frames uint8 [H, W, C] ------------------------------
+
+
+def test_minatar_frames_are_uint8_0_or_255_channels_last() -> None:
+    spec = EnvSpec(id="MinAtar/Breakout-v1")  # registered by make_env: gymnasium 1.x loads no entry points
+    env = make_env(spec)
+    assert env.observation_space == gym.spaces.Box(0, 255, (10, 10, 4), np.uint8)
+    obs, _ = env.reset(seed=0)
+    assert obs.dtype == np.uint8 and set(np.unique(obs)) <= {0, 255} and obs.any()
+    vec = make_vector_env(spec, 3)
+    assert isinstance(vec, SerialVectorEnv)
+    obs, _ = vec.reset(seed=0)
+    vec.action_space.seed(0)
+    for _ in range(50):
+        obs, *_ = vec.step(vec.action_space.sample())
+    assert obs.shape == (3, 10, 10, 4) and obs.dtype == np.uint8
+
+
+def test_atari_is_preprocessed_to_a_stack_of_four_84x84_uint8_frames() -> None:
+    """frameskip=1 in gymnasium.make, AtariPreprocessing (no-op starts, skip 4, max-pool, 84x84 grey), 4 frames
+    stacked channels-last; ale-py's own vector env (which would skip this) is not used."""
+    spec = EnvSpec(id="ALE/Breakout-v5")
+    env = make_env(spec)
+    assert env.observation_space == gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    assert env.unwrapped._frameskip == 1 and env.unwrapped.spec.kwargs["repeat_action_probability"] == 0.25
+    obs, _ = env.reset(seed=0)
+    for _ in range(3):
+        obs, *_ = env.step(1)  # FIRE
+    assert obs.dtype == np.uint8 and obs.shape == (84, 84, 4) and obs.flags.c_contiguous
+    # the newest frame is last: the stack shifts by one frame per step
+    nxt, *_ = env.step(0)
+    np.testing.assert_array_equal(nxt[..., :3], obs[..., 1:])
+    assert isinstance(make_vector_env(spec, 2), SerialVectorEnv)
+    assert check_env(spec) is None
+    assert "Disable frame-skipping" in (check_env(EnvSpec(id="ALE/Breakout-v5", kwargs={"frameskip": 4})) or "")

@@ -200,3 +200,56 @@ def test_stop_at_target_changes_the_fingerprint_only_when_set() -> None:
     assert stopping.fingerprint() != spec.fingerprint()
     baseline = json.loads((Path(__file__).parents[2] / "reports" / "baselines" / "smoke.json").read_text())
     assert load("smoke")[0].fingerprint() == baseline["fingerprint"]
+
+
+# -- pixels: the env's preprocessing and the conv model ----------------------------------------------
+
+NATURE_CNN = [[32, 8, 4], [64, 4, 2], [64, 3, 1]]
+
+
+def test_preprocessing_is_chosen_from_the_id_unless_given() -> None:
+    from crossrl.scenarios.spec import EnvSpec
+
+    assert EnvSpec(id="ALE/Breakout-v5").resolved_preprocessing == "atari"
+    assert EnvSpec(id="MinAtar/Breakout-v1").resolved_preprocessing == "minatar"
+    assert EnvSpec(id="CartPole-v1").resolved_preprocessing == "none"
+    assert EnvSpec(id="ALE/Breakout-v5", preprocessing="none").resolved_preprocessing == "none"
+    [line] = problems(with_("env.preprocessing", "nature"))
+    assert line == "x.yaml: env.preprocessing: 'nature' is not one of none, atari, minatar"
+
+
+def test_pixel_fields_leave_mlp_fingerprints_alone_and_count_when_set() -> None:
+    """Left out of the canonical form at their defaults (baselines made before them still match); a null
+    preprocessing and the one it resolves to are the same conditions, so the same fingerprint."""
+    spec = validate(GOOD, label="x.yaml")
+    assert "conv" not in spec.canonical()["algorithm"]["model"] and "preprocessing" not in spec.canonical()["env"]
+    conv = validate(with_("algorithm.model.conv", [[16, 3, 1]]), label="x.yaml")
+    assert conv.fingerprint() != spec.fingerprint()
+    minatar = {**GOOD, "env": {"id": "MinAtar/Breakout-v1"}}
+    stated = {**GOOD, "env": {"id": "MinAtar/Breakout-v1", "preprocessing": "minatar"}}
+    assert validate(minatar, label="x.yaml").fingerprint() == validate(stated, label="x.yaml").fingerprint()
+    assert validate(minatar, label="x.yaml").canonical()["env"]["preprocessing"] == "minatar"
+
+
+def test_conv_layers_are_positive_triples() -> None:
+    assert validate(with_("algorithm.model.conv", NATURE_CNN), label="x.yaml").algorithm.model.conv[0] == (32, 8, 4)
+    [line] = problems(with_("algorithm.model.conv", [[32, 8, 4], [64, 0, 2]]))
+    assert line == "x.yaml: algorithm.model.conv: layer 2 [64, 0, 2]: filters, kernel and stride must each be >= 1"
+    [line] = problems(with_("algorithm.model.conv", [[32, 8, 4], [32, 8]]))
+    assert line == "x.yaml: algorithm.model.conv: layer 2 [32, 8]: give each layer as [filters, kernel, stride]"
+    [line] = problems(with_("algorithm.model.conv", [32, 8, 4]))
+    assert line == "x.yaml: algorithm.model.conv: layer 1 32: give each layer as [filters, kernel, stride]"
+    [line] = problems(with_("algorithm.model.conv", [[32, "big", 4]]))
+    assert line.startswith("x.yaml: algorithm.model.conv.0.1: 'big':")
+
+
+def test_a_conv_stack_that_shrinks_the_frames_below_1x1_is_refused_at_load() -> None:
+    """MinAtar's frames are 10x10 and Atari's 84x84 after preprocessing: known before any env is built."""
+    minatar = {**with_("algorithm.model.conv", NATURE_CNN), "env": {"id": "MinAtar/Breakout-v1"}}
+    [line] = problems(minatar, "m.yaml")
+    assert line == (
+        "m.yaml: algorithm.model.conv: layer 2 [64, 4, 2] shrinks the 10x10 frames below 1x1 (its input is 1x1); "
+        "use smaller kernels or strides, or fewer layers (MinAtar/Breakout-v1)"
+    )
+    atari = {**with_("algorithm.model.conv", NATURE_CNN), "env": {"id": "ALE/Breakout-v5"}}
+    assert validate(atari, label="a.yaml").algorithm.model.conv == tuple(tuple(x) for x in NATURE_CNN)
