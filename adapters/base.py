@@ -58,10 +58,15 @@ class MetricSink:
 
     @property
     def exhausted(self) -> bool:
-        """True once the env-step budget is sampled (or the target is reached, with ``budget.stop_at_target``)."""
-        if self.trial.budget.stop_at_target and self.target_reached:
+        """True once the env-step budget is sampled, the training time (``budget.train_seconds``, from
+        :meth:`start_clock`) has passed, or the target is reached with ``budget.stop_at_target``."""
+        budget = self.trial.budget
+        if budget.stop_at_target and self.target_reached:
             return True
-        return self.env_steps_sampled >= self.trial.budget.env_steps
+        trained_s = time.perf_counter() - self._t0 if self.setup_s is not None else 0.0
+        if budget.train_seconds is not None and trained_s >= budget.train_seconds:
+            return True
+        return budget.env_steps is not None and self.env_steps_sampled >= budget.env_steps
 
     def point(
         self,

@@ -35,6 +35,7 @@ from crossrl.scenarios.spec import EnvSpec, Trial
 
 ON_POLICY_SYNC = ("ppo", "a2c")
 ASYNC = ("a3c", "impala")
+UNBOUNDED_FRAMES = 10**15  # RayCollector's total_frames for a trial budgeted in time only
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,8 @@ def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
         env_fn = functools.partial(make_torchrl_env, trial.env, trial.envs_per_worker, worker_process=True)
         # RayCollector treats total_frames=-1 as "nothing to collect" (it stops at once, measured), so give it
         # enough frames to reach the budget; the adapter still stops at sink.exhausted.
-        total = _ceil_to(trial.budget.env_steps, fpb) + fpb * trial.workers
+        steps = trial.budget.env_steps or UNBOUNDED_FRAMES  # a time budget: the sink says when to stop
+        total = _ceil_to(steps, fpb) + fpb * trial.workers
         ray_kwargs = {
             "frames_per_batch": fpb, "total_frames": total,
             "num_collectors": trial.workers, "sync": sync, "collector_class": Collector,

@@ -23,13 +23,14 @@ class RunDisplay:
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            TextColumn("{task.completed:,.0f}/{task.total:,.0f} env steps"),
+            TextColumn("{task.completed:,.0f}/{task.total:,.0f} {task.fields[unit]}"),
             TextColumn("{task.fields[info]}"),
             TimeElapsedColumn(),
             console=console,
             transient=False,
         )
         self._task: Any = None
+        self._by_time = False
         self._total = 0
 
     def __enter__(self) -> RunDisplay:
@@ -50,10 +51,12 @@ class RunDisplay:
             self.console.print(f"[yellow]store: {payload['message']}[/yellow]")
         elif name == "trial_start":
             trial = payload["trial"]
+            self._by_time = trial.budget.env_steps is None  # a time budget: progress in training seconds
             self._task = self.progress.add_task(
                 f"[{payload['index'] + 1}/{payload['total']}] {trial.name}",
-                total=trial.budget.env_steps,
+                total=trial.budget.train_seconds if self._by_time else trial.budget.env_steps,
                 info="starting",
+                unit="s of training" if self._by_time else "env steps",
             )
         elif name == "point" and self._task is not None:
             v = payload["values"]
@@ -61,7 +64,11 @@ class RunDisplay:
             info = f"return {ret:8.1f}" if ret is not None else "return      -"
             info += f"  {v.get(M.SAMPLE_THROUGHPUT, 0):9,.0f} steps/s"
             self.progress.update(
-                self._task, completed=min(payload["step"], self.progress.tasks[-1].total or 0), info=info
+                self._task,
+                completed=min(
+                    v.get(M.WALL_TIME_S, 0.0) if self._by_time else payload["step"], self.progress.tasks[-1].total or 0
+                ),
+                info=info,
             )
         elif name == "trial_end":
             result = payload["result"]

@@ -84,6 +84,27 @@ def _tables(st: S.ReportStats) -> list[Table]:
             "Interquartile mean over seeds of each trial's final return; stratified bootstrap CI.",
         )
     ]
+    if not st.return_at_wall.empty:
+        horizon = float(st.return_at_wall["wall_s"].iloc[0])
+        tables.append(
+            Table(
+                "return-at-wall",
+                f"Return after {_secs(horizon)} s of training",
+                ["engine", "workers", "seeds", "IQM return", "95% CI"],
+                [
+                    [
+                        r.engine,
+                        str(r.workers),
+                        str(r.n_seeds),
+                        _f(r.iqm, ".1f"),
+                        _ci(r.ci_low, r.ci_high, ".1f", r.n_seeds),
+                    ]
+                    for r in st.return_at_wall.itertuples()
+                ],
+                "Each trial's mean return over the episodes it completed in the last 10 % of the shortest training "
+                "wall time among the trials (the same time for every engine); IQM over seeds, stratified bootstrap CI.",
+            )
+        )
     if not st.time_to_target.empty:
         rows = []
         for r in st.time_to_target.itertuples():
@@ -243,6 +264,7 @@ def _document(
             "target_return": st.target_return,
             "budget_env_steps": st.budget_env_steps,
             "final_return": _records(st.final_return),
+            "return_at_wall": _records(st.return_at_wall),
             "time_to_target": _records(st.time_to_target),
             "throughput": _records(st.throughput),
             "scaling": _records(st.scaling),

@@ -163,6 +163,7 @@ class ReportStats:
     """Every number a report shows, as tidy frames (one row per engine x workers unless said)."""
 
     final_return: pd.DataFrame  # engine, workers, n_seeds, iqm, ci_low, ci_high
+    return_at_wall: pd.DataFrame  # engine, workers, n_seeds, wall_s, iqm, ci_low, ci_high (see return_at_wall_table)
     curves_steps: pd.DataFrame  # engine, workers, x (env steps), mean, ci_low, ci_high, n
     curves_wall: pd.DataFrame  # engine, workers, x (s), mean, ci_low, ci_high, n
     time_to_target: pd.DataFrame  # engine, workers, n_seeds, n_reached, median_steps, ... (see time_to_target)
@@ -204,6 +205,36 @@ def final_return_table(counted: pd.DataFrame, *, rng: np.random.Generator) -> pd
     return pd.DataFrame(rows, columns=["engine", "workers", "n_seeds", "iqm", "ci_low", "ci_high"])
 
 
+def return_at_wall_table(counted: pd.DataFrame, wide: pd.DataFrame, *, rng: np.random.Generator) -> pd.DataFrame:
+    """The return every engine reached after the same training wall time: IQM over seeds with its CI.
+
+    The time is the shortest training wall time among the counted trials (every trial trained at least
+    that long; with ``budget.train_seconds`` it is about the budget). Each trial's score there is the
+    mean return of its episodes completed in the last 10 % of that time (each point's mean weighted by
+    its episode count), as ``final_return_mean`` is over env steps.
+    """
+    cols = ["engine", "workers", "n_seeds", "wall_s", "iqm", "ci_low", "ci_high"]
+    runs = wide[wide["run_id"].isin(counted["run_id"])].dropna(subset=[M.WALL_TIME_S])
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    horizon = float(runs.groupby("run_id")[M.WALL_TIME_S].max().min())
+    window = runs[(runs[M.WALL_TIME_S] <= horizon) & (runs[M.WALL_TIME_S] >= 0.9 * horizon)]
+    window = window.dropna(subset=[M.EPISODE_RETURN_MEAN])
+    weights = window[M.EPISODES_THIS_POINT].fillna(1.0) if M.EPISODES_THIS_POINT in window else 1.0
+    weighted = window.assign(w=weights, wr=weights * window[M.EPISODE_RETURN_MEAN])
+    per_run = weighted.groupby("run_id")["wr"].sum() / weighted.groupby("run_id")["w"].sum()
+    rows = []
+    for engine, workers, g in _groups(counted):
+        x = per_run.reindex(g["run_id"]).to_numpy(dtype=float)
+        x = x[np.isfinite(x)]
+        lo, hi = stratified_bootstrap_ci([x], statistic=_iqm_last, rng=rng)
+        value = float(iqm(x)) if x.size else np.nan
+        rows.append(
+            dict(engine=engine, workers=workers, n_seeds=int(x.size), wall_s=horizon, iqm=value, ci_low=lo, ci_high=hi)
+        )
+    return pd.DataFrame(rows, columns=cols)
+
+
 def curves_table(
     counted: pd.DataFrame, wide: pd.DataFrame, *, x_metric: str, rng: np.random.Generator, grid_points: int
 ) -> pd.DataFrame:
@@ -225,12 +256,13 @@ def curves_table(
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=cols)
 
 
-def time_to_target(counted: pd.DataFrame, last_wall: pd.Series) -> pd.DataFrame:
+def time_to_target(counted: pd.DataFrame, last_wall: pd.Series, last_step: pd.Series) -> pd.DataFrame:
     """Median env steps and wall seconds to the target per engine x workers, censored where not reached.
 
     A seed that never reached the target counts as +inf, so the median is NaN and ``median_reached``
     False ("not reached in N steps") whenever half the seeds or more did not reach it (an even count
-    splits on an unreached seed, so it counts as not reached); ``steps_censored_at`` (the budget) and
+    splits on an unreached seed, so it counts as not reached); ``steps_censored_at`` (the env-step budget,
+    or with a time budget the most env steps an unreached seed sampled) and
     ``wall_censored_at`` (the longest training wall time of an unreached seed, s) say how long they
     tried. Per-seed values are kept (``None`` = not reached) for the figure.
     """
@@ -251,7 +283,8 @@ def time_to_target(counted: pd.DataFrame, last_wall: pd.Series) -> pd.DataFrame:
                 median_reached=bool(np.isfinite(med_steps)),
                 median_steps=med_steps if np.isfinite(med_steps) else None,
                 median_wall_s=med_wall if np.isfinite(med_wall) else None,
-                steps_censored_at=int(g["budget_env_steps"].max()),
+                steps_censored_at=int(g["budget_env_steps"].max())
+                or int(np.nanmax(last_step.reindex(g.loc[~reached, "run_id"]).to_numpy(dtype=float), initial=0)),
                 wall_censored_at=float(np.nanmax(unreached_wall)) if np.isfinite(unreached_wall).any() else None,
                 seeds=[int(s) for s in g["seed"]],
                 steps_per_seed=[float(s) if np.isfinite(s) else None for s in steps],
@@ -357,17 +390,19 @@ def compute(
 ) -> ReportStats:
     """All of a report's statistics from the store's two frames (see reports.store.Loaded)."""
     counted = trials[trials["status"] == COUNTED_STATUS]
-    wide = wide_points(points, [M.EPISODE_RETURN_MEAN, M.WALL_TIME_S, M.SAMPLE_THROUGHPUT])
+    wide = wide_points(points, [M.EPISODE_RETURN_MEAN, M.WALL_TIME_S, M.SAMPLE_THROUGHPUT, M.EPISODES_THIS_POINT])
     last_wall = wide.groupby("run_id")[M.WALL_TIME_S].max()
+    last_step = wide.groupby("run_id")["step"].max()
     thr, scaling = throughput_tables(counted, wide)
     bad = trials[trials["status"] != COUNTED_STATUS]
     problems = bad[["trial", "engine", "workers", "seed", "status", "reason"]].reset_index(drop=True)
     targets = trials["target_return"].dropna() if "target_return" in trials else pd.Series([], dtype=float)
     return ReportStats(
         final_return=final_return_table(counted, rng=rng),
+        return_at_wall=return_at_wall_table(counted, wide, rng=rng),
         curves_steps=curves_table(counted, wide, x_metric="step", rng=rng, grid_points=grid_points),
         curves_wall=curves_table(counted, wide, x_metric=M.WALL_TIME_S, rng=rng, grid_points=grid_points),
-        time_to_target=time_to_target(counted, last_wall) if len(targets) else pd.DataFrame(),
+        time_to_target=time_to_target(counted, last_wall, last_step) if len(targets) else pd.DataFrame(),
         throughput=thr,
         scaling=scaling,
         improvement=improvement_table(counted, rng=rng),

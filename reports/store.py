@@ -223,7 +223,8 @@ class ResultsStore:
             "seed": str(trial.seed),
             "status": "RUNNING",
             "target_return": "" if trial.target_return is None else str(trial.target_return),
-            "budget_env_steps": str(trial.budget.env_steps),
+            "budget_env_steps": "" if trial.budget.env_steps is None else str(trial.budget.env_steps),
+            "budget_train_seconds": "" if trial.budget.train_seconds is None else f"{trial.budget.train_seconds:g}",
         }
         run_id = self._create_run(trial.scenario, trial.name, tags, ref_tags=("mlflow.parentRunId",))
         params = flatten(spec.model_dump(mode="json", exclude={"description"}), prefix="spec.")
@@ -575,6 +576,11 @@ def _history_csv(history: Sequence[tuple[int, Mapping[str, float]]]) -> str:
     return buf.getvalue()
 
 
+def _int_or_zero(text: str | None) -> int:
+    value = _num(text)
+    return int(value) if math.isfinite(value) else 0
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -597,7 +603,7 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "status": tags.get("status", "UNKNOWN"),
         "reason": tags.get("reason", ""),
         "target_return": _num(tags.get("target_return")),
-        "budget_env_steps": int(_num(tags.get("budget_env_steps")) or 0),
+        "budget_env_steps": _int_or_zero(tags.get("budget_env_steps")),  # 0: a time budget only
     }
     for k in ("workers", "envs_per_worker", "seed"):
         row[k] = int(row[k]) if str(row[k]).isdigit() else -1

@@ -193,11 +193,34 @@ class ExecutionSpec(BaseModel):
         return v
 
 
+TRAIN_SECONDS_SLACK = 600.0  # wall_seconds past train_seconds when a time-budgeted spec leaves it out
+
+
 class BudgetSpec(BaseModel):
+    """What a trial may spend: env steps, or training wall time (or both: whichever ends first)."""
+
     model_config = _STRICT
 
-    env_steps: int = Field(ge=1, description="env steps sampled per trial")
-    wall_seconds: float = Field(default=900.0, gt=0, description="hard wall-clock limit per trial (TIMEOUT)")
+    env_steps: int | None = Field(
+        default=None, ge=1, description="env steps sampled per trial (required unless train_seconds is given)"
+    )
+    train_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "training wall time per trial, counted from the end of the engine's set-up: the trial ends FINISHED at "
+            "its first point past it (the seed's 'score after one hour of training'); with env_steps too, "
+            "whichever comes first"
+        ),
+    )
+    wall_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        description=(
+            "hard wall-clock limit per trial, set-up included: past it the trial is stopped as TIMEOUT "
+            f"(default 900, or train_seconds + {TRAIN_SECONDS_SLACK:g} for a time budget)"
+        ),
+    )
     stop_at_target: bool = Field(
         default=False,
         description="end a trial at its first point whose episode_return_mean reaches target.episode_return_mean",
@@ -307,6 +330,8 @@ class ScenarioSpec(BaseModel):
         if not self.budget.stop_at_target:
             # Added after baselines existed: left out at its default so their fingerprints still match.
             data["budget"].pop("stop_at_target")
+        if self.budget.train_seconds is None:  # likewise
+            data["budget"].pop("train_seconds")
         # Likewise the pixel fields: the preprocessing as resolved (a null one and the one it resolves to
         # are the same conditions), left out when it is "none"; the conv stack left out when empty.
         data["env"].pop("preprocessing")
@@ -346,6 +371,25 @@ class ScenarioSpec(BaseModel):
             for seed in self.seeds
             for engine in self.engines
         ]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guard_after_train_time(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "wall_seconds" not in data and isinstance(data.get("train_seconds"), int | float):
+            data = {**data, "wall_seconds": float(data["train_seconds"]) + TRAIN_SECONDS_SLACK}
+        return data
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> BudgetSpec:
+        if self.env_steps is None and self.train_seconds is None:
+            raise ValueError("give env_steps, train_seconds or both: a trial needs a budget")
+        if self.train_seconds is not None and self.wall_seconds <= self.train_seconds:
+            raise ValueError(
+                f"wall_seconds ({self.wall_seconds:g}) must exceed train_seconds ({self.train_seconds:g}): it is the "
+                "hard limit past which a trial is a TIMEOUT; leave it out to get train_seconds + "
+                f"{TRAIN_SECONDS_SLACK:g}"
+            )
+        return self
 
 
 class Trial(BaseModel):

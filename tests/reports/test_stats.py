@@ -225,3 +225,30 @@ def test_speedup_baseline_is_smallest_worker_count_without_one_worker() -> None:
     sc = S.compute(trials=trials, points=points, rng=rng()).scaling.set_index("workers")
     assert sc.loc[4, "baseline_workers"] == 2 and sc.loc[4, "speedup"] == 1.5
     assert sc.loc[4, "efficiency"] == pytest.approx(0.75)  # 1.5x on twice the workers
+
+
+def test_return_at_equal_wall_time_is_read_where_every_trial_has_trained() -> None:
+    trials = _trials(
+        [
+            ("crossrl", 1, 0, "FINISHED", 0, 0, 0),
+            ("crossrl", 1, 1, "FINISHED", 0, 0, 0),
+            ("rllib", 1, 0, "FINISHED", 0, 0, 0),
+        ]
+    )
+    rows = []
+    for run_id, last, slope in (("r0", 10, 1.0), ("r1", 8, 2.0), ("r2", 12, 0.0)):
+        for t in range(1, last + 1):  # one point a second; the last 10 % of 8 s holds only the point at 8 s
+            rows.append(
+                {
+                    "run_id": run_id,
+                    "step": 100 * t,
+                    "wall_time_s": float(t),
+                    "episode_return_mean": slope * t,
+                    "episodes_this_point": 1.0,
+                }
+            )
+    wide = pd.DataFrame(rows)
+    table = S.return_at_wall_table(trials, wide, rng=rng()).set_index("engine")
+    assert set(table["wall_s"]) == {8.0}  # the shortest trial's training time
+    assert table.loc["crossrl", "iqm"] == pytest.approx(12.0) and table.loc["crossrl", "n_seeds"] == 2
+    assert table.loc["rllib", "iqm"] == pytest.approx(0.0)

@@ -253,3 +253,21 @@ def test_a_conv_stack_that_shrinks_the_frames_below_1x1_is_refused_at_load() -> 
     )
     atari = {**with_("algorithm.model.conv", NATURE_CNN), "env": {"id": "ALE/Breakout-v5"}}
     assert validate(atari, label="a.yaml").algorithm.model.conv == tuple(tuple(x) for x in NATURE_CNN)
+
+
+def test_a_budget_in_training_seconds() -> None:
+    spec = validate(with_("budget", {"train_seconds": 3600}), label="x.yaml")
+    assert spec.budget.env_steps is None and spec.budget.wall_seconds == 3600 + 600  # the TIMEOUT guard follows it
+    both = validate(with_("budget", {"env_steps": 5000, "train_seconds": 60, "wall_seconds": 120}), label="x.yaml")
+    assert (both.budget.env_steps, both.budget.train_seconds) == (5000, 60)
+    assert (
+        both.fingerprint()
+        != validate(with_("budget", {"env_steps": 5000, "wall_seconds": 120}), label="x").fingerprint()
+    )
+    assert "train_seconds" not in validate(GOOD, label="x.yaml").canonical()["budget"]  # older fingerprints hold
+    [line] = problems(with_("budget", {"wall_seconds": 100}))
+    assert line == "x.yaml: budget: give env_steps, train_seconds or both: a trial needs a budget"
+    [line] = problems(with_("budget", {"train_seconds": 100, "wall_seconds": 50}))
+    assert line.startswith("x.yaml: budget: wall_seconds (50) must exceed train_seconds (100)")
+    [line] = problems(with_("budget", {"train_seconds": -1}))
+    assert "budget.train_seconds" in line
