@@ -152,7 +152,7 @@ def scenarios() -> None:
 
     from crossrl.scenarios.loader import builtin, load
 
-    table = Table("name", "algorithm", "env", "engines", "workers", "seeds", "env steps")
+    table = Table("name", "algorithm", "env", "engines", "workers", "seeds", "budget")
     for name in builtin():
         s, _ = load(name)
         table.add_row(
@@ -162,7 +162,7 @@ def scenarios() -> None:
             ",".join(s.engines),
             ",".join(map(str, s.execution.workers)),
             str(len(s.seeds)),
-            f"{s.budget.env_steps:,}",
+            f"{s.budget.env_steps:,}" if s.budget.env_steps else f"{s.budget.train_seconds:g} s of training",
         )
     console = _console()
     console.print(table)
