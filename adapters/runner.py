@@ -376,11 +376,15 @@ def run_scenario(
     except BaseException:
         store.end_journal(wait_s=0.0)  # stopped before the parent run opened; the journal keeps what it holds
         raise
+    sender = store.sender
     try:
         outcome.unsent = store.end_journal(wait_s=store_wait_s)
-    except KeyboardInterrupt:  # stopped while waiting for the store: what is left stays in the journal
-        outcome.unsent = max(1, store.end_journal(wait_s=0.0))
-    sender = store.sender
+    except KeyboardInterrupt as e:  # stopped while waiting for the store: what is left stays in the journal
+        assert sender is not None
+        sender.close(0.0)
+        outcome.unsent = sender.unsent(journal)
+        if not outcome.interrupted:
+            outcome.interrupted, outcome.stop_signal = True, Interrupted.of(e).signum
     if outcome.unsent and sender is not None:
         outcome.store_error = sender.last_error
     outcome.parent_id = store.resolve(outcome.parent_id)
