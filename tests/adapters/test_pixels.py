@@ -24,14 +24,20 @@ CONV, HIDDEN = [[16, 3, 1]], [128]
 # Q-network (no dueling, target network not counted).
 PPO_PARAMS = (592 + 131200 + 387) + (592 + 131200 + 129)
 DQN_PARAMS = 592 + 131200 + 387
+ATARI = "ALE/Breakout-v5"  # frames [84, 84, 4], 4 actions
+NATURE_CNN, NATURE_HIDDEN = [[32, 8, 4], [64, 4, 2], [64, 3, 1]], [512]
+# By hand: convs (32*4*8*8 + 32) + (64*32*4*4 + 64) + (64*64*3*3 + 64) = 8224 + 32832 + 36928 = 77984;
+# 7 x 7 x 64 = 3136 features; hidden 3136 * 512 + 512 = 1606144; policy out 512 * 4 + 4, value out 513.
+ATARI_PPO_PARAMS = (77984 + 1606144 + 2052) + (77984 + 1606144 + 513)
 
 
-def trials(algorithm: str) -> dict[str, Trial]:
+def trials(algorithm: str, env_id: str = MINATAR) -> dict[str, Trial]:
+    conv, hidden = (NATURE_CNN, NATURE_HIDDEN) if env_id == ATARI else (CONV, HIDDEN)
     spec = ScenarioSpec.model_validate(
         {
             "name": "pixels-test",
-            "env": {"id": MINATAR},
-            "algorithm": {"name": algorithm, "model": {"conv": CONV, "hidden": HIDDEN, "activation": "relu"}},
+            "env": {"id": env_id},
+            "algorithm": {"name": algorithm, "model": {"conv": conv, "hidden": hidden, "activation": "relu"}},
             "budget": {"env_steps": 100},
         }
     )
@@ -61,7 +67,7 @@ def crossrl_nets(trial: Trial) -> tuple[Any, list[nn.Module]]:
 
 def torchrl_nets(trial: Trial) -> list[nn.Module]:
     obs_shape, n_actions = env_dims(trial.env)
-    assert obs_shape == (10, 10, 4) and n_actions == 3
+    assert (obs_shape, n_actions) == (((84, 84, 4), 4) if trial.env.id == ATARI else ((10, 10, 4), 3))
     learner: Any = build_learner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
     return [learner.qnet] if trial.algorithm == "dqn" else [learner.actor_net, learner.critic_net]
 
@@ -126,3 +132,16 @@ def test_crossrl_and_torchrl_compute_the_same_function_given_the_same_weights() 
         trunk, mlp = pi
         assert trunk[0](x).dtype == torch.float32 and float(trunk[0](x).max()) == 1.0
         torch.testing.assert_close(pi(x), mlp(trunk[1:](x.movedim(-1, -3).float() / 255.0)))
+
+
+def test_every_engine_builds_the_same_nature_cnn_for_atari() -> None:
+    by_engine = trials("ppo", ATARI)
+    _, ours = crossrl_nets(by_engine["crossrl"])
+    counts = {
+        "crossrl": count(ours),
+        "torchrl": count(torchrl_nets(by_engine["torchrl"])),
+        "rllib": count([rllib_module(by_engine["rllib"])]),
+    }
+    assert (
+        counts == dict.fromkeys(("crossrl", "torchrl", "rllib"), ATARI_PPO_PARAMS) == dict.fromkeys(counts, 3_370_821)
+    )

@@ -1,5 +1,6 @@
-"""Pixels end to end: `crossrl run minatar-smoke` (PPO, MinAtar Breakout's uint8 frames, a conv model) FINISHED
-on every engine, each engine's native config naming the conv stack it built (about 90 s on 2 cores)."""
+"""Pixels end to end: `crossrl run minatar-smoke` (PPO, MinAtar Breakout's uint8 frames, a small conv model) and
+`crossrl run atari-smoke` (PPO, ALE Breakout with the standard preprocessing, the Nature CNN) FINISHED on every
+engine, each engine's native config naming the conv stack it built (about 90 s each on 2 cores)."""
 
 from __future__ import annotations
 
@@ -18,18 +19,20 @@ from crossrl.scenarios.loader import load
 pytestmark = pytest.mark.integration
 
 
-def test_minatar_smoke_finishes_on_every_engine(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scenario", ["minatar-smoke", "atari-smoke"])
+def test_pixel_smoke_finishes_on_every_engine(scenario: str, tmp_path: Path) -> None:
     results = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "crossrl.cli", "run", "minatar-smoke", "--results-dir", str(results), "--no-report"],
+        [sys.executable, "-m", "crossrl.cli", "run", scenario, "--results-dir", str(results), "--no-report"],
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    spec, _ = load("minatar-smoke")
+    spec, _ = load(scenario)
+    conv_spec = [list(layer) for layer in spec.algorithm.model.conv]
     store = ResultsStore(None, results_dir=results)
-    loaded = store.load(scenario="minatar-smoke")
+    loaded = store.load(scenario=scenario)
     assert sorted(loaded.trials.trial) == sorted(t.name for t in spec.trials())
     assert set(loaded.trials.engine) == {"crossrl", "rllib", "torchrl"}
     for row in loaded.trials.to_dict("records"):
@@ -38,13 +41,13 @@ def test_minatar_smoke_finishes_on_every_engine(tmp_path: Path) -> None:
         hist = loaded.points[loaded.points.run_id == row["run_id"]]
         steps = hist[hist.metric == M.ENV_STEPS_SAMPLED].value.tolist()
         assert steps and max(steps) >= spec.budget.env_steps, f"{name}: env steps {steps}"
-        # MinAtar Breakout scores one point per brick: episodes ended, with finite non-negative returns
+        # Breakout scores points per brick: episodes ended, with finite non-negative returns
         returns = hist[hist.metric == M.EPISODE_RETURN_MEAN].value
         assert len(returns) and all(math.isfinite(v) and v >= 0 for v in returns), f"{name}: {list(returns)}"
         native = json.loads(Path(store.client.download_artifacts(row["run_id"], "native_config.json")).read_text())
         conv = {
-            "crossrl": lambda n: n["model"]["conv"] == [[16, 3, 1]],
-            "rllib": lambda n: n["_model_config"]["conv_filters"] == [[16, 3, 1, "valid"]],
+            "crossrl": lambda n: n["model"]["conv"] == conv_spec,
+            "rllib": lambda n: n["_model_config"]["conv_filters"] == [[*layer, "valid"] for layer in conv_spec],
             "torchrl": lambda n: "ConvNet" in n["networks"]["actor"] and "FramesIn" in n["networks"]["critic"],
         }[row["engine"]]
         assert conv(native), f"{name}: native config does not show the conv model"
