@@ -389,6 +389,7 @@ def register_suite(env_id: str) -> None:
     if name.startswith("ALE/") and name not in gym.registry:
         import ale_py
 
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no version banner in every process
         gym.register_envs(ale_py)
     elif name.startswith("MinAtar/") and not any(key.startswith("MinAtar/") for key in gym.registry):
         import minatar.gym
