@@ -117,16 +117,16 @@ def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
     """The checked spec and its path; exit 2 with one line per problem, including an env that cannot be
     built with the spec's kwargs (built once, as the engines build it, before anything runs or is stored)."""
     from crossrl.adapters.registry import engine_ids
-    from crossrl.core.envs import check_env
+    from crossrl.core.envs import env_problems
     from crossrl.scenarios.loader import SpecError, load, spec_label
 
     try:
         scenario, path = load(spec, overrides=overrides, engines=engine_ids())
     except SpecError as e:
         _fail(e.problems)
-    problem = check_env(scenario.env)
-    if problem:
-        _fail([f"{spec_label(path)}: {problem}"])
+    problems = env_problems(scenario.env)
+    if problems:
+        _fail([f"{spec_label(path)}: {problem}" for problem in problems])
     return scenario, path
 
 

@@ -40,6 +40,7 @@ def start_core(
     import ray
 
     from crossrl.core.evaluator import EvaluatorSet
+    from crossrl.core.multi_agent import evaluator_class
     from crossrl.core.optimizers.base import load_optimizer
     from crossrl.core.policy import PolicySpec
 
@@ -50,6 +51,7 @@ def start_core(
         num_remote=workers,
         seed=seed,
         remote_num_cpus=remote_num_cpus,
+        evaluator_cls=evaluator_class(env_spec),  # a policy map per evaluator for a multi-agent env
     )
     opt: PolicyOptimizer | None = None
     try:
@@ -115,6 +117,8 @@ class CrossrlAdapter:
                     "envs_per_evaluator": trial.envs_per_worker,
                     "remote_num_cpus": remote_cpus,
                     "torch_threads_driver": torch.get_num_threads(),
+                    # multi-agent: policy id -> the agents it acts for (crossrl.core.multi_agent)
+                    **({"policies": getattr(evaluators.local, "groups", {})} if trial.env.multi_agent else {}),
                 }
             )
             sink.start_clock()

@@ -26,11 +26,30 @@ class EngineInfo:
     supported: dict[str, str]  # algorithm -> how the engine runs it
     unsupported: dict[str, str] = field(default_factory=dict)  # algorithm -> why not
     builtin: bool = True
+    # Multi-agent envs (env.agents set): algorithm -> how the engine runs it; the optimizers it runs them on
+    # (crossrl only; empty: any). An extra engine takes them all.
+    multi_agent: dict[str, str] | None = None
+    multi_agent_optimizers: tuple[str, ...] = ()
 
     def reason_unsupported(self, algorithm: str) -> str | None:
         if algorithm in self.supported:
             return None
         return self.unsupported.get(algorithm, f"{self.id} has no {algorithm}")
+
+    def reason_unsupported_trial(self, trial: Trial) -> str | None:
+        """Why this engine cannot run ``trial`` (its algorithm, or its algorithm on a multi-agent env), or None."""
+        reason = self.reason_unsupported(trial.algorithm)
+        if reason or not trial.env.multi_agent or self.multi_agent is None:
+            return reason
+        if trial.algorithm not in self.multi_agent:
+            runs = ", ".join(self.multi_agent) or "none yet"
+            return f"{self.id} does not run {trial.algorithm} on multi-agent envs (env.agents) yet; it runs: {runs}"
+        if self.multi_agent_optimizers and trial.optimizer not in self.multi_agent_optimizers:
+            return (
+                f"{self.id} runs multi-agent envs on {', '.join(self.multi_agent_optimizers)} only yet, not "
+                f"{trial.optimizer} (execution.optimizer)"
+            )
+        return None
 
 
 BUILTIN: dict[str, EngineInfo] = {
@@ -46,6 +65,11 @@ BUILTIN: dict[str, EngineInfo] = {
             "dqn": "sync_replay, uniform or prioritized (or async_replay)",
             "apex": "async_replay: replay shard actors, per-worker epsilons (or sync_replay)",
         },
+        multi_agent={
+            "ppo": "sync_samples: a policy map in every evaluator, one sample batch per policy (IPPO)",
+            "a2c": "sync_samples: a policy map in every evaluator, one sample batch per policy",
+        },
+        multi_agent_optimizers=("sync_samples",),
     ),
     "rllib": EngineInfo(
         id="rllib",
@@ -61,6 +85,7 @@ BUILTIN: dict[str, EngineInfo] = {
             "a3c": "RLlib 2.60 has no A3C (removed from RLlib; rllib_contrib only)",
             "apex": "RLlib 2.60 has no Ape-X DQN on the new API stack (removed)",
         },
+        multi_agent={},
     ),
     "torchrl": EngineInfo(
         id="torchrl",
@@ -76,6 +101,7 @@ BUILTIN: dict[str, EngineInfo] = {
         unsupported={
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
         },
+        multi_agent={},
     ),
 }
 
@@ -126,7 +152,7 @@ def unsupported(trials: Iterable[Trial]) -> list[tuple[Trial, str]]:
     out = []
     for t in trials:
         info = infos[t.engine]
-        reason = info.reason_unsupported(t.algorithm)
+        reason = info.reason_unsupported_trial(t)
         if reason:
             out.append((t, f"{reason}; {t.engine} supports: {', '.join(info.supported)}"))
     return out

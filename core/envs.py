@@ -13,8 +13,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from crossrl.scenarios.loader import first_line, register_suite, registered_spec
-from crossrl.scenarios.spec import EnvSpec
+from crossrl.scenarios.loader import first_line, pettingzoo_module, register_suite, registered_spec
+from crossrl.scenarios.spec import EnvSpec, mapping_problems
 
 ATARI_FRAME_STACK = 4
 
@@ -78,6 +78,34 @@ def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:
     if spec.step_latency_ms > 0:
         env = StepLatency(env, spec.step_latency_ms)
     return env
+
+
+class ParallelStepLatency:
+    """:class:`StepLatency` for a PettingZoo parallel env: wall time added to every joint step; the rest delegated."""
+
+    def __init__(self, env: Any, latency_ms: float) -> None:
+        self.env = env
+        self._latency_s = latency_ms / 1000.0
+
+    def step(self, actions: dict[str, Any]) -> Any:
+        time.sleep(self._latency_s)
+        return self.env.step(actions)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+
+def make_parallel_env(spec: EnvSpec, **overrides: Any) -> Any:
+    """One multi-agent env (``spec.agents`` set): the PettingZoo module's ``parallel_env(**kwargs)``, then the
+    latency wrapper when ``step_latency_ms`` > 0. Its agents are ``possible_agents``; per agent ``a``,
+    ``observation_space(a)`` and ``action_space(a)``."""
+    env = pettingzoo_module(spec.id).parallel_env(**{**spec.kwargs, **overrides})
+    return ParallelStepLatency(env, spec.step_latency_ms) if spec.step_latency_ms > 0 else env
+
+
+def agent_spaces(env: Any) -> dict[str, tuple[gym.Space, gym.Space]]:
+    """A parallel env's (observation space, action space) per possible agent, in its agent order."""
+    return {a: (env.observation_space(a), env.action_space(a)) for a in env.possible_agents}
 
 
 def _native_vector(spec: EnvSpec) -> bool:
@@ -151,13 +179,66 @@ def check_env(spec: EnvSpec) -> str | None:
     resets it with seed 0 and takes one random step (without the simulated latency), then, where the
     env has its own vector class, builds and resets that too (what crossrl steps, see
     :func:`make_vector_env`); so kwargs the env does not accept fail before any trial starts.
+    A multi-agent env (:func:`make_parallel_env`) is built, reset and stepped likewise, then its agents
+    and their spaces are checked against the spec's policy mapping (:func:`env_problems` has one line per
+    problem; here they are joined on one line).
     """
+    problems = env_problems(spec)
+    return "; ".join(problems) if problems else None
+
+
+def env_problems(spec: EnvSpec) -> list[str]:
+    """:func:`check_env`'s problems, one line each (a multi-agent spec's mapping may have several)."""
+    if spec.multi_agent:
+        return _parallel_env_problems(spec)
     kwargs = ", **kwargs" if spec.kwargs else ""
     problem = _try_env(f"gymnasium.make({spec.id!r}{kwargs})", lambda: make_env(spec), step=True)
     if problem is None and _native_vector(spec):
         what = f"gymnasium.make_vec({spec.id!r}, num_envs=1{kwargs})"
         problem = _try_env(what, lambda: make_vector_env(spec, 1), step=False)
-    return f"env: {problem}; check env.id and env.kwargs" if problem else None
+    return [f"env: {problem}; check env.id and env.kwargs"] if problem else []
+
+
+def _parallel_env_problems(spec: EnvSpec) -> list[str]:
+    kwargs = "**kwargs" if spec.kwargs else ""
+    what = f"{spec.id.replace(':', '.')}.parallel_env({kwargs})"
+    found: dict[str, Any] = {}
+
+    def build() -> Any:
+        env = make_parallel_env(spec.model_copy(update={"step_latency_ms": 0.0}))
+        found["agents"], found["spaces"] = list(env.possible_agents), agent_spaces(env)
+        return _ParallelProbe(env)
+
+    problem = _try_env(what, build, step=True)
+    if problem:
+        return [f"env: {problem}; check env.id and env.kwargs"]
+    return mapping_problems(spec, found["agents"], found["spaces"])
+
+
+class _ParallelProbe:
+    """A parallel env as :func:`_try_env` drives an env: ``reset(seed=)``, one random joint step, ``close``."""
+
+    def __init__(self, env: Any) -> None:
+        self.env = env
+        self.action_space = self  # _try_env seeds and samples "the action space": every agent's
+
+    def reset(self, *, seed: int) -> Any:
+        out = self.env.reset(seed=seed)
+        for i, a in enumerate(self.env.possible_agents):
+            self.env.action_space(a).seed(seed + i)
+        return out
+
+    def seed(self, seed: int) -> None:  # seeded in reset
+        pass
+
+    def sample(self) -> dict[str, Any]:
+        return {a: self.env.action_space(a).sample() for a in self.env.agents}
+
+    def step(self, actions: dict[str, Any]) -> Any:
+        return self.env.step(actions)
+
+    def close(self) -> None:
+        self.env.close()
 
 
 def _try_env(what: str, build: Callable[[], Any], *, step: bool) -> str | None:

@@ -44,12 +44,7 @@ class PolicyEvaluator:
         seed: int,
         worker_index: int,
     ) -> None:
-        if worker_index > 0:
-            # Actors share the machine's cores with each other and the learner: one thread each. torch
-            # is not imported by sampling-only evaluators; if something imports it later, it reads this.
-            os.environ["OMP_NUM_THREADS"] = "1"
-            if "torch" in sys.modules:
-                sys.modules["torch"].set_num_threads(1)
+        single_thread(worker_index)
         self.worker_index = worker_index
         self.num_envs = num_envs
         self.env = make_vector_env(env_spec, num_envs)
@@ -188,6 +183,27 @@ class PolicyEvaluator:
 
 RemoteEvaluator = ray.remote(num_cpus=1)(PolicyEvaluator)
 
+
+def single_thread(worker_index: int) -> None:
+    """In a remote evaluator (``worker_index`` > 0): one intra-op thread for numpy/torch."""
+    if worker_index > 0:
+        # Actors share the machine's cores with each other and the learner: one thread each. torch
+        # is not imported by sampling-only evaluators; if something imports it later, it reads this.
+        os.environ["OMP_NUM_THREADS"] = "1"
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+
+
+_REMOTE_CLASSES: dict[type[PolicyEvaluator], Any] = {PolicyEvaluator: RemoteEvaluator}
+
+
+def remote_class(evaluator_cls: type[PolicyEvaluator]) -> Any:
+    """``evaluator_cls`` as a Ray actor class (one CPU), made once per class."""
+    if evaluator_cls not in _REMOTE_CLASSES:
+        _REMOTE_CLASSES[evaluator_cls] = ray.remote(num_cpus=1)(evaluator_cls)
+    return _REMOTE_CLASSES[evaluator_cls]
+
+
 # Weights up to this size are sent inside each remote's sample call (below Ray's default 100 KiB
 # inline limit, so on any cluster they ride in the call's RPC), as long as all the copies together
 # stay under INLINE_WEIGHTS_TOTAL_BYTES; bigger weights go through one ray.put. Measured with 16
@@ -240,7 +256,13 @@ class EvaluatorSet:
         seed: int,
         remote_num_cpus: float = 1.0,
         local_num_envs: int = 1,
+        evaluator_cls: type[PolicyEvaluator] = PolicyEvaluator,
     ) -> None:
+        if env_spec.multi_agent and evaluator_cls is PolicyEvaluator:
+            raise TypeError(
+                f"EvaluatorSet: {env_spec.id} is a multi-agent env (env.agents); pass "
+                "evaluator_cls=crossrl.core.multi_agent.MultiAgentEvaluator"
+            )
         self.env_spec = env_spec
         self.num_envs = num_envs
         self.policy_factory = policy_factory
@@ -248,7 +270,8 @@ class EvaluatorSet:
         self.remote_num_cpus = remote_num_cpus
         self.worker_restarts = 0
         self._restarts_of = [0] * num_remote
-        self.local = PolicyEvaluator(
+        self._remote_cls = remote_class(evaluator_cls)
+        self.local = evaluator_cls(
             env_spec=env_spec, num_envs=local_num_envs, policy_factory=policy_factory, seed=seed, worker_index=0
         )
         self.remotes: list[ActorHandle] = [self._make(i) for i in range(num_remote)]
@@ -256,7 +279,7 @@ class EvaluatorSet:
         self._pending_weights: ray.ObjectRef | bytes | None = None
 
     def _make(self, i: int) -> ActorHandle:
-        return RemoteEvaluator.options(num_cpus=self.remote_num_cpus).remote(  # type: ignore[attr-defined,return-value]
+        return self._remote_cls.options(num_cpus=self.remote_num_cpus).remote(  # type: ignore[attr-defined,return-value]
             env_spec=self.env_spec,
             num_envs=self.num_envs,
             policy_factory=self.policy_factory,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from crossrl.core.envs import make_vector_env
+from crossrl.core.envs import make_parallel_env, make_vector_env
 from crossrl.scenarios.spec import EnvSpec
 
 
@@ -16,7 +16,12 @@ def raw_env_steps_per_s(spec: EnvSpec, *, num_envs: int, seconds: float = 1.0, s
     """Env steps per second of one process stepping ``num_envs`` copies with random actions.
 
     A short warm-up (50 vector steps) comes first; then vector steps until ``seconds`` have passed.
+    A multi-agent env (``spec.agents``) is stepped likewise: ``num_envs`` PettingZoo parallel envs one after
+    another, a random action for every live agent, each reset when no agent is left; an env step is one
+    joint step.
     """
+    if spec.multi_agent:
+        return _parallel_env_steps_per_s(spec, num_envs=num_envs, seconds=seconds, seed=seed)
     env = make_vector_env(spec, num_envs)
     try:
         env.reset(seed=seed)
@@ -36,3 +41,33 @@ def raw_env_steps_per_s(spec: EnvSpec, *, num_envs: int, seconds: float = 1.0, s
         return float(n * num_envs / (time.perf_counter() - t0))
     finally:
         env.close()
+
+
+def _parallel_env_steps_per_s(spec: EnvSpec, *, num_envs: int, seconds: float, seed: int) -> float:
+    envs = [make_parallel_env(spec) for _ in range(num_envs)]
+    try:
+        for i, env in enumerate(envs):
+            env.reset(seed=seed + i)
+            for j, agent in enumerate(env.possible_agents):
+                env.action_space(agent).seed(seed + 1000 * i + j)
+
+        def step_all() -> None:
+            for env in envs:
+                if not env.agents:
+                    env.reset()
+                env.step({a: env.action_space(a).sample() for a in env.agents})
+
+        for _ in range(50):
+            step_all()
+        n, t0 = 0, time.perf_counter()
+        deadline = t0 + seconds
+        while True:
+            for _ in range(20):
+                step_all()
+                n += 1
+            if time.perf_counter() >= deadline:
+                break
+        return float(n * num_envs / (time.perf_counter() - t0))
+    finally:
+        for env in envs:
+            env.close()

@@ -37,7 +37,10 @@ N_STEP_NEXT_OBS: Final = "n_step_next_obs"  # observation to bootstrap the n-ste
 class SampleBatch(dict[str, np.ndarray]):
     """Columns of equal leading shape; ``episode_returns``/``episode_lengths`` of episodes completed in it.
 
-    ``time_major`` tells whether columns are ``[T, N, ...]`` or flat ``[B, ...]``.
+    ``time_major`` tells whether columns are ``[T, N, ...]`` or flat ``[B, ...]``. A multi-agent evaluator's
+    batch (:mod:`crossrl.core.multi_agent`) holds one sub-batch per policy as ``<policy id>/<column>`` columns
+    beside an env-level VALID; its ``episode_returns`` are team returns (summed over agents) and
+    ``agent_returns`` each agent's return in the same episodes.
     """
 
     def __init__(
@@ -48,18 +51,29 @@ class SampleBatch(dict[str, np.ndarray]):
         episode_returns: Iterable[float] = (),
         episode_lengths: Iterable[int] = (),
         env_steps: int | None = None,
+        agent_returns: Mapping[str, Iterable[float]] | None = None,
     ) -> None:
         super().__init__(columns or {})
         self.time_major = time_major
         self.episode_returns: list[float] = [float(r) for r in episode_returns]
         self.episode_lengths: list[int] = [int(n) for n in episode_lengths]
+        self.agent_returns: dict[str, list[float]] = {
+            a: [float(r) for r in v] for a, v in (agent_returns or {}).items()
+        }
         self._env_steps = env_steps
 
     def __reduce__(self) -> tuple[Any, ...]:
         # dict subclasses would otherwise lose the attributes in Ray's object store.
         return (
             _rebuild,
-            (dict(self), self.time_major, self.episode_returns, self.episode_lengths, self._env_steps),
+            (
+                dict(self),
+                self.time_major,
+                self.episode_returns,
+                self.episode_lengths,
+                self._env_steps,
+                self.agent_returns,
+            ),
         )
 
     def num_env_steps(self) -> int:
@@ -87,6 +101,7 @@ class SampleBatch(dict[str, np.ndarray]):
             time_major=False,
             episode_returns=self.episode_returns,
             episode_lengths=self.episode_lengths,
+            agent_returns=self.agent_returns,
         )
 
     def stats_only(self) -> SampleBatch:
@@ -96,6 +111,7 @@ class SampleBatch(dict[str, np.ndarray]):
             episode_returns=self.episode_returns,
             episode_lengths=self.episode_lengths,
             env_steps=self.num_env_steps(),
+            agent_returns=self.agent_returns,
         )
 
     def minibatches(self, *, size: int, rng: np.random.Generator) -> Iterator[SampleBatch]:
@@ -113,7 +129,7 @@ def concat(batches: Iterable[SampleBatch], *, axis: int | None = None) -> Sample
 
     Episode lists are joined; every batch must have the same columns.
     """
-    batches = [b for b in batches if b or b.num_env_steps() or b.episode_returns]
+    batches = [b for b in batches if b or b.num_env_steps() or b.episode_returns or b.agent_returns]
     if not batches:
         return SampleBatch()
     time_major = batches[0].time_major
@@ -132,7 +148,17 @@ def concat(batches: Iterable[SampleBatch], *, axis: int | None = None) -> Sample
         episode_returns=[r for b in batches for r in b.episode_returns],
         episode_lengths=[n for b in batches for n in b.episode_lengths],
         env_steps=env_steps,
+        agent_returns=join_agent_returns(b.agent_returns for b in batches),
     )
+
+
+def join_agent_returns(parts: Iterable[Mapping[str, list[float]]]) -> dict[str, list[float]]:
+    """Per-agent episode returns from several batches, each agent's lists joined in order."""
+    out: dict[str, list[float]] = {}
+    for part in parts:
+        for agent, returns in part.items():
+            out.setdefault(agent, []).extend(returns)
+    return out
 
 
 def _rebuild(
@@ -141,7 +167,13 @@ def _rebuild(
     returns: list[float],
     lengths: list[int],
     env_steps: int | None,
+    agent_returns: dict[str, list[float]] | None = None,
 ) -> SampleBatch:
     return SampleBatch(
-        cols, time_major=time_major, episode_returns=returns, episode_lengths=lengths, env_steps=env_steps
+        cols,
+        time_major=time_major,
+        episode_returns=returns,
+        episode_lengths=lengths,
+        env_steps=env_steps,
+        agent_returns=agent_returns,
     )

@@ -97,7 +97,7 @@ def validate(raw: dict[str, Any], *, label: str, engines: Collection[str] = ENGI
     try:
         spec = ScenarioSpec.model_validate(raw, context={"engines": tuple(engines)})
     except ValidationError as e:
-        problems = [f"{label}: {_describe(err)}" for err in e.errors()]
+        problems = [f"{label}: {line}" for err in e.errors() for line in _describe_lines(err)]
         env_problem = _env_problem(raw.get("env"), label)
         if env_problem:
             problems.append(env_problem)
@@ -106,6 +106,14 @@ def validate(raw: dict[str, Any], *, label: str, engines: Collection[str] = ENGI
     if env_problem:
         raise SpecError([env_problem])
     return spec
+
+
+def _describe_lines(err: Any) -> list[str]:
+    """:func:`_describe`, one line per problem: a validator may report several, one per line of its message."""
+    msg = err["msg"]
+    if err["type"] != "value_error" or "\n" not in msg.strip():
+        return [_describe(err)]
+    return [_describe({**err, "msg": line}) for line in msg.strip().splitlines() if line.strip()]
 
 
 def _describe(err: Any) -> str:
@@ -130,6 +138,12 @@ def _env_problem(env: Any, label: str) -> str | None:
     if not isinstance(env, dict) or not isinstance(env.get("id"), str):
         return None
     env_id = env["id"]
+    if env.get("agents") is not None:
+        try:
+            pettingzoo_module(env_id)
+        except Exception as e:
+            return f"{label}: env.id: {_short(env_id)} is not a PettingZoo env module ({first_line(e)})"
+        return None
     try:
         registered_spec(env_id)
     except Exception as e:  # gymnasium raises several error types (NameNotFound, VersionNotFound, ...)
@@ -375,6 +389,18 @@ def registered_spec(env_id: str) -> Any:
         importlib.import_module(module)
     register_suite(name)
     return gym.spec(name)
+
+
+def pettingzoo_module(env_id: str) -> Any:
+    """The PettingZoo env module ``env_id`` names (``package:module`` or a dotted module path, e.g.
+    ``mpe2:simple_spread_v3``), imported; a multi-agent env is its ``parallel_env(**kwargs)``."""
+    import importlib
+
+    package, sep, name = env_id.rpartition(":")
+    module = importlib.import_module(f"{package}.{name}" if sep else name)
+    if not callable(getattr(module, "parallel_env", None)):
+        raise ValueError(f"module {module.__name__} has no parallel_env(); give a PettingZoo env module")
+    return module
 
 
 def register_suite(env_id: str) -> None:

@@ -6,6 +6,7 @@ are logged against ``ENV_STEPS_SAMPLED`` (the x-axis is always env steps sampled
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 # Per point (one per training iteration), logged with step = env_steps_sampled.
@@ -56,14 +57,37 @@ DIAG_REPLAY_SIZE: Final = "diag.replay_size"  # replay algorithms: transitions h
 DIAG_GRAD_NORM: Final = "diag.grad_norm"  # global gradient norm before clipping, mean over the point's updates
 
 
+# Multi-agent envs: ``episode_return_mean`` is the team return (the sum of every agent's return per episode);
+# beside it, per point, each agent's mean return over the same episodes and, when there are several
+# policies, each policy's losses (the headline losses are then their mean over policies).
+AGENT_PREFIX: Final = "agent."  # agent.<agent id>.episode_return_mean
+POLICY_PREFIX: Final = "policy."  # policy.<policy id>.<policy_loss | value_loss | entropy | diag.*>
+
+
+def agent_metric(agent: str, name: str = EPISODE_RETURN_MEAN) -> str:
+    """The point metric ``name`` of one agent, e.g. ``agent.agent_0.episode_return_mean``."""
+    return f"{AGENT_PREFIX}{agent}.{name}"
+
+
+def policy_metric(policy: str, name: str) -> str:
+    """The point metric ``name`` (a loss, entropy or diagnostic) of one policy, e.g. ``policy.good.policy_loss``."""
+    return f"{POLICY_PREFIX}{policy}.{name}"
+
+
+def agent_return_values(agent_returns: Mapping[str, Sequence[float]]) -> dict[str, float]:
+    """Each agent's mean return over the episodes in ``agent_returns`` (agents without episodes left out)."""
+    return {agent_metric(a): sum(r) / len(r) for a, r in agent_returns.items() if len(r)}
+
+
 def is_diag(name: str) -> bool:
     """True for a diagnostic metric (``diag.<name>``)."""
     return name.startswith(DIAG_PREFIX)
 
 
 def is_point_metric(name: str) -> bool:
-    """A name an engine may report at a point: a common point metric or a diagnostic."""
-    return name in POINT_METRICS or is_diag(name)
+    """A name an engine may report at a point: a common point metric, a diagnostic, or a multi-agent env's
+    per-agent (``agent.<id>.*``) or per-policy (``policy.<id>.*``) metric."""
+    return name in POINT_METRICS or is_diag(name) or name.startswith((AGENT_PREFIX, POLICY_PREFIX))
 
 
 # Metrics every engine must report at every point (the contract test checks these).

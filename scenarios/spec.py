@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -27,14 +29,52 @@ FRAME_SIZES: dict[str, tuple[int, int]] = {"atari": (84, 84), "minatar": (10, 10
 
 _SUITE_PREFIXES: dict[str, Preprocessing] = {"ALE/": "atari", "MinAtar/": "minatar"}
 
+_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
-class EnvSpec(BaseModel):
-    """The environment: a gymnasium id, its keyword arguments, its preprocessing and a simulated step cost."""
+
+class AgentGroups(BaseModel):
+    """Named groups of agents, one policy per group, e.g. ``{groups: {adversary: [adversary_0], good: [agent_0,
+    agent_1]}}``; each agent in exactly one group, and a group's agents share their observation and action spaces."""
 
     model_config = _STRICT
 
-    id: str = Field(description="gymnasium env id, e.g. CartPole-v1 (or 'module:Id' to import a module first)")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="passed to gymnasium.make")
+    groups: dict[str, tuple[str, ...]] = Field(
+        description=(
+            "group name (letters, digits, '_.-'; it names the group's policy) -> the env's agent ids that group's "
+            "policy acts for"
+        )
+    )
+
+
+AgentMapping = Literal["shared", "independent"] | AgentGroups
+"""How a multi-agent env's agents map to policies (``EnvSpec.agents``)."""
+
+
+class EnvSpec(BaseModel):
+    """The environment: a gymnasium id (or a PettingZoo parallel env with ``agents``), its keyword arguments, its
+    preprocessing and a simulated step cost."""
+
+    model_config = _STRICT
+
+    id: str = Field(
+        description=(
+            "gymnasium env id, e.g. CartPole-v1 (or 'module:Id' to import a module first); with agents set, a "
+            "PettingZoo env module as 'package:module', e.g. mpe2:simple_spread_v3 (its parallel_env(**kwargs))"
+        )
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="passed to gymnasium.make (or to the PettingZoo module's parallel_env)"
+    )
+    agents: AgentMapping | None = Field(
+        default=None,
+        description=(
+            "a multi-agent env and its policy mapping: 'shared' (one policy acts for every agent; their spaces must "
+            "be equal), 'independent' (one policy per agent, named by the agent's id) or {groups: {name: [agent "
+            "ids]}} (one policy per group: every agent in exactly one group, a group's agents with equal "
+            "observation and action spaces). Set, env.id names a PettingZoo parallel env; each agent gets its own "
+            "reward; an episode ends when every agent is done. null (the default): a single-agent gymnasium env"
+        ),
+    )
     preprocessing: Preprocessing | None = Field(
         default=None,
         description=(
@@ -56,7 +96,124 @@ class EnvSpec(BaseModel):
         if self.preprocessing is not None:
             return self.preprocessing
         name = self.id.rpartition(":")[2]
+        if self.agents is not None:
+            return "none"
         return next((kind for prefix, kind in _SUITE_PREFIXES.items() if name.startswith(prefix)), "none")
+
+    @property
+    def multi_agent(self) -> bool:
+        """Whether this is a PettingZoo parallel env whose agents map to policies (``agents`` is set)."""
+        return self.agents is not None
+
+    @field_validator("agents", mode="before")
+    @classmethod
+    def _agents_shape(cls, v: Any) -> Any:
+        # Checked here in one message per problem kind, rather than by the union (which reports every branch).
+        if v is None or v in ("shared", "independent"):
+            return v
+        form = "give 'shared', 'independent' or {groups: {name: [agent ids]}}"
+        if not isinstance(v, dict):
+            raise ValueError(f"{_brief(v)} is not a policy mapping; {form}")
+        if set(v) != {"groups"}:
+            raise ValueError(f"{_brief(v)} is not a policy mapping; {form}")
+        groups = v["groups"]
+        if not isinstance(groups, dict) or not groups:
+            raise ValueError(f"groups: {_brief(groups)} must map group names to lists of agent ids; {form}")
+        problems: list[str] = []
+        owner: dict[str, str] = {}
+        for name, members in groups.items():
+            if not isinstance(name, str) or not _GROUP_NAME.match(name):
+                problems.append(f"group name {_brief(name)} must be letters, digits and '_.-' (it names a policy)")
+                continue
+            if not isinstance(members, list | tuple) or not members or not all(isinstance(a, str) for a in members):
+                problems.append(f"group {name!r}: {_brief(members)} must be a non-empty list of agent ids")
+                continue
+            seen: set[str] = set()
+            for agent in members:
+                if agent in seen:
+                    problems.append(f"agent {agent!r} is twice in group {name!r}; list it once")
+                elif agent in owner:
+                    problems.append(
+                        f"agent {agent!r} is in groups {owner[agent]!r} and {name!r}; an agent is in exactly one group"
+                    )
+                seen.add(agent)
+                owner.setdefault(agent, name)
+        if problems:
+            raise ValueError("\n".join(problems))  # one line each: the loader splits them
+        return v
+
+    @model_validator(mode="after")
+    def _single_agent_preprocessing(self) -> EnvSpec:
+        if self.agents is not None and self.preprocessing not in (None, "none"):
+            raise ValueError(
+                f"preprocessing: {self.preprocessing!r} is for single-agent gymnasium envs; a multi-agent env (agents "
+                "set) takes 'none' or null"
+            )
+        return self
+
+    def policy_groups(self, agents: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """Policy id -> the agents it acts for, in the env's agent order (``agents``: its ``possible_agents``).
+
+        'shared': one policy ``shared``; 'independent': one per agent, named by the agent's id; groups as given.
+        Assumes :func:`mapping_problems` found none.
+        """
+        if self.agents == "shared":
+            return {"shared": tuple(agents)}
+        if self.agents == "independent":
+            return {a: (a,) for a in agents}
+        if isinstance(self.agents, AgentGroups):
+            return dict(self.agents.groups)
+        raise ValueError(f"{self.id}: not a multi-agent env (env.agents is null)")
+
+
+def mapping_problems(env: EnvSpec, agents: Sequence[str], spaces: Mapping[str, tuple[Any, Any]]) -> list[str]:
+    """What is wrong with ``env.agents`` for an env with ``agents`` (its possible agents, in order) whose agent
+    ``a`` has ``spaces[a] = (observation space, action space)``: one line per problem, each naming the field.
+
+    An agent the env does not have, an agent in no group, and a policy whose agents' spaces differ (one
+    policy has one observation and one action space) are found here; the mapping's own shape (an agent in
+    two groups, names) is checked when the spec loads.
+    """
+    if env.agents is None:
+        return []
+    known = set(agents)
+    problems: list[str] = []
+    if isinstance(env.agents, AgentGroups):
+        for name, members in env.agents.groups.items():
+            unknown = [a for a in members if a not in known]
+            if unknown:
+                problems.append(
+                    f"env.agents: group {name!r}: {', '.join(map(repr, unknown))} "
+                    f"{'is not an agent' if len(unknown) == 1 else 'are not agents'} of {env.id} (its agents: "
+                    f"{', '.join(agents)})"
+                )
+        grouped = {a for members in env.agents.groups.values() for a in members}
+        missing = [a for a in agents if a not in grouped]
+        if missing:
+            problems.append(
+                f"env.agents: {', '.join(map(repr, missing))} {'is' if len(missing) == 1 else 'are'} in no group; every "
+                "agent needs a policy: add each to a group"
+            )
+    for name, members in env.policy_groups(agents).items():
+        present = [a for a in members if a in known]
+        for a in present[1:]:
+            for what, i in (("observation", 0), ("action", 1)):
+                if spaces[a][i] != spaces[present[0]][i]:
+                    whose = "'shared'" if env.agents == "shared" else f"group {name!r}"
+                    problems.append(
+                        f"env.agents: {whose} needs one {what} space, but {present[0]} has {spaces[present[0]][i]} "
+                        f"and {a} has {spaces[a][i]}; put agents with different spaces in different groups"
+                    )
+                    break
+            else:
+                continue
+            break
+    return problems
+
+
+def _brief(value: Any) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class ModelSpec(BaseModel):
@@ -226,6 +383,25 @@ class BudgetSpec(BaseModel):
         description="end a trial at its first point whose episode_return_mean reaches target.episode_return_mean",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _guard_after_train_time(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "wall_seconds" not in data and isinstance(data.get("train_seconds"), int | float):
+            data = {**data, "wall_seconds": float(data["train_seconds"]) + TRAIN_SECONDS_SLACK}
+        return data
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> BudgetSpec:
+        if self.env_steps is None and self.train_seconds is None:
+            raise ValueError("give env_steps, train_seconds or both: a trial needs a budget")
+        if self.train_seconds is not None and self.wall_seconds <= self.train_seconds:
+            raise ValueError(
+                f"wall_seconds ({self.wall_seconds:g}) must exceed train_seconds ({self.train_seconds:g}): it is the "
+                "hard limit past which a trial is a TIMEOUT; leave it out to get train_seconds + "
+                f"{TRAIN_SECONDS_SLACK:g}"
+            )
+        return self
+
 
 class TargetSpec(BaseModel):
     model_config = _STRICT
@@ -335,6 +511,8 @@ class ScenarioSpec(BaseModel):
         # Likewise the pixel fields: the preprocessing as resolved (a null one and the one it resolves to
         # are the same conditions), left out when it is "none"; the conv stack left out when empty.
         data["env"].pop("preprocessing")
+        if self.env.agents is None:  # the multi-agent mapping, likewise left out for single-agent envs
+            data["env"].pop("agents")
         if self.env.resolved_preprocessing != "none":
             data["env"]["preprocessing"] = self.env.resolved_preprocessing
         if not self.algorithm.model.conv:
@@ -371,25 +549,6 @@ class ScenarioSpec(BaseModel):
             for seed in self.seeds
             for engine in self.engines
         ]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _guard_after_train_time(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "wall_seconds" not in data and isinstance(data.get("train_seconds"), int | float):
-            data = {**data, "wall_seconds": float(data["train_seconds"]) + TRAIN_SECONDS_SLACK}
-        return data
-
-    @model_validator(mode="after")
-    def _one_budget(self) -> BudgetSpec:
-        if self.env_steps is None and self.train_seconds is None:
-            raise ValueError("give env_steps, train_seconds or both: a trial needs a budget")
-        if self.train_seconds is not None and self.wall_seconds <= self.train_seconds:
-            raise ValueError(
-                f"wall_seconds ({self.wall_seconds:g}) must exceed train_seconds ({self.train_seconds:g}): it is the "
-                "hard limit past which a trial is a TIMEOUT; leave it out to get train_seconds + "
-                f"{TRAIN_SECONDS_SLACK:g}"
-            )
-        return self
 
 
 class Trial(BaseModel):

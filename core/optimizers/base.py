@@ -34,16 +34,22 @@ class StepStats:
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
     values: dict[str, float] = field(default_factory=dict)
+    agent_returns: dict[str, list[float]] = field(default_factory=dict)  # multi-agent: per agent, same episodes
 
     def add_episodes(self, batch: SampleBatch) -> None:
         """Count a batch's env steps as sampled and take its completed episodes."""
         self.env_steps_sampled += batch.num_env_steps()
         self.episode_returns.extend(batch.episode_returns)
         self.episode_lengths.extend(batch.episode_lengths)
+        for agent, returns in batch.agent_returns.items():
+            self.agent_returns.setdefault(agent, []).extend(returns)
 
     def common_values(self) -> dict[str, float]:
-        """Only the entries an engine reports: common point metrics and ``diag.*`` diagnostics."""
-        return {k: v for k, v in self.values.items() if M.is_point_metric(k)}
+        """Only the entries an engine reports: common point metrics, ``diag.*`` diagnostics, per-policy losses,
+        and per-agent mean returns of the step's episodes (multi-agent)."""
+        out = {k: v for k, v in self.values.items() if M.is_point_metric(k)}
+        out.update(M.agent_return_values(self.agent_returns))
+        return out
 
 
 class PolicyOptimizer(abc.ABC):
