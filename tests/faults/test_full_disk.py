@@ -9,10 +9,13 @@ journaled.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -53,6 +56,19 @@ def _fill(folder: Path, leave_kb: int) -> Path:
     return filler
 
 
+def _watch_tree(run: subprocess.Popen[str], seen: dict[int, psutil.Process]) -> None:
+    while run.poll() is None:
+        try:
+            for child in psutil.Process(run.pid).children(recursive=True):
+                if child.pid not in seen:
+                    with contextlib.suppress(psutil.Error):
+                        child.info_cmdline = child.cmdline()  # type: ignore[attr-defined]
+                        seen[child.pid] = child
+        except psutil.Error:
+            pass
+        time.sleep(0.2)
+
+
 def test_a_full_disk_stops_the_run_with_one_line_and_corrupts_nothing(small_disk: Path) -> None:
     results = small_disk / "results"
     common = ["--engines", "crossrl", "--workers", "1", "--seeds", "0", "--results-dir", str(results), "--no-report"]
@@ -67,18 +83,20 @@ def test_a_full_disk_stops_the_run_with_one_line_and_corrupts_nothing(small_disk
         stderr=subprocess.PIPE,
         text=True,
     )
+    seen: dict[int, psutil.Process] = {}  # every process of the run, to check none is left
+    watch = threading.Thread(target=_watch_tree, args=(run, seen), daemon=True)
+    watch.start()
     out, err = run.communicate(timeout=600)
+    watch.join(10)
+    assert any("trial_proc" in " ".join(p.info_cmdline) for p in seen.values()), "the trial never started"
     assert run.returncode == 4, f"exit {run.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1, err
     assert "cannot write the journal" in lines[0] and "No space left on device" in lines[0]
     assert f"crossrl sync {results}" in lines[0] and "--resume" in lines[0]
     assert "Traceback" not in err
-    assert not [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if "crossrl.adapters.trial_proc" in " ".join(p.info["cmdline"] or [])
-    ]
+    _, alive = psutil.wait_procs(list(seen.values()), timeout=15)  # the trial's processes went with the run
+    assert not alive, f"left running: {[p.pid for p in alive]}"
 
     [path] = (results / "journal").glob("*.jsonl")
     records = Journal(path).records()  # every line whole: the failed append was cut back
