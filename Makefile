@@ -39,7 +39,7 @@ lint: install
 # (tests/integration/test_contract.py); the regression table is printed at the end.
 test: install chromium lint
 	rm -f crossrl-results/ci/regress.md
-	$(BIN)/pytest -m "not learning" --timeout 900 $(PYTEST_FLAGS)
+	$(BIN)/pytest -m "not learning" --timeout 900 --durations=15 $(PYTEST_FLAGS)
 	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
 
 test-fast: install

@@ -15,7 +15,7 @@ from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 
 pytestmark = pytest.mark.integration
-TRAIN_S = 8.0
+TRAIN_S = 5.0
 
 
 def test_a_time_budget_ends_each_trial_finished_after_its_training_time(tmp_path: Path) -> None:
