@@ -268,7 +268,6 @@ class Sender:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="crossrl-store-sender", daemon=True)
         self._progress: dict[str, Progress] = {}
-        self._sent_seq: dict[str, int] = {}
         self.skipped: set[str] = set()  # backlog journals another process was sending
 
     # -- feeding --------------------------------------------------------------------------------
@@ -303,7 +302,12 @@ class Sender:
         return progress.runs.get(ref) if progress else None
 
     def unsent(self, journal: Journal) -> int:
-        return journal.seq - self._sent_seq.get(journal.id, 0)
+        return journal.seq - self._through(journal)
+
+    def _through(self, journal: Journal) -> int:
+        """Every write of ``journal`` up to this seq is in the store (as far as this sender knows)."""
+        progress = self._progress.get(journal.id)
+        return progress.through if progress else 0
 
     # -- sending --------------------------------------------------------------------------------
     def _main(self) -> None:
@@ -319,7 +323,7 @@ class Sender:
                     self._send(journal, iter(records))
                 finally:
                     journal.lock.release()
-                if self._sent_seq.get(journal.id, 0) >= (records[-1]["seq"] if records else 0):
+                if self._through(journal) >= (records[-1]["seq"] if records else 0):
                     journal.remove()
             if self._live is not None:
                 live = self._live
@@ -327,7 +331,7 @@ class Sender:
                     self._send(live, iter(self._queue.get, None))
                 finally:
                     live.lock.release()
-                if self._sent_seq.get(live.id, 0) >= live.seq:
+                if self._through(live) >= live.seq:
                     live.remove()
         except _Stopped:
             pass
@@ -336,7 +340,6 @@ class Sender:
 
     def _send(self, journal: Journal, records: Iterator[dict[str, Any]]) -> None:
         progress = self._progress.setdefault(journal.id, journal.progress())
-        self._sent_seq[journal.id] = progress.through
         base = journal.files
         for record in records:
             seq = int(record["seq"])
@@ -345,7 +348,6 @@ class Sender:
             if record.get("op") != "header":  # the header is for the journal's readers, not the store
                 self._apply_until_done(journal, record, progress, base)
             progress.through = seq
-            self._sent_seq[journal.id] = seq
             with contextlib.suppress(OSError):
                 journal.mark({"through": seq})
 

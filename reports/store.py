@@ -306,11 +306,6 @@ class ResultsStore:
         return self._sender.unsent(journal)
 
     @property
-    def journal(self) -> Journal | None:
-        """The journal writes go to now (None: straight to the store)."""
-        return self._journal
-
-    @property
     def sender(self) -> Sender | None:
         return self._sender
 
