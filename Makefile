@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.stamp-install
 PYTEST_FLAGS ?=
 K ?=
 
-.PHONY: install demo test test-fast lint learning-tests chromium ui clean
+.PHONY: install demo test test-cluster test-fast lint learning-tests chromium ui clean
 
 install: $(STAMP)
 
@@ -36,14 +36,23 @@ lint: install
 	$(BIN)/mypy --no-error-summary . || { echo "mypy found type errors"; exit 1; }
 
 # The smoke scenario and `crossrl regress` against reports/baselines/smoke.json run inside the tests
-# (tests/integration/test_contract.py); the regression table is printed at the end.
+# (tests/integration/test_contract.py, marked `alone`: its throughput is compared with a stored baseline,
+# so it runs first with nothing beside it); the other tests run two at a time, one test file per
+# process (most of a test's time is spent waiting on Ray, MLflow servers and child processes). The
+# regression table is printed at the end.
 test: install chromium lint
 	rm -f crossrl-results/ci/regress.md
-	$(BIN)/pytest -m "not learning" --timeout 900 --durations=15 $(PYTEST_FLAGS)
+	$(BIN)/pytest -m "alone" --timeout 900 --durations=3 $(PYTEST_FLAGS)
+	$(BIN)/pytest -m "not learning and not cluster and not alone" -n 2 --dist loadfile --timeout 900 --durations=15 $(PYTEST_FLAGS)
 	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
 
+# Tests that start Ray clusters of their own with `ray start` (a head, and a second node on loopback):
+# `crossrl run --ray-address` on an existing cluster, and sweeps fanned out over two nodes.
+test-cluster: install
+	$(BIN)/pytest -m cluster --timeout 900 --durations=5 $(PYTEST_FLAGS)
+
 test-fast: install
-	$(BIN)/pytest -m "not learning and not integration" $(PYTEST_FLAGS)
+	$(BIN)/pytest -m "not learning and not integration and not cluster" $(PYTEST_FLAGS)
 
 # Full learning runs (long: about an hour on 2 cores). tests/learning goes through the real runner and
 # writes crossrl-results/learning/table.md (the README's table); tests/core checks the core in-process.

@@ -1,8 +1,8 @@
 """A full disk under the results folder: a clear error, the journal intact, nothing already stored corrupted.
 
 The results folder lives on a small tmpfs (mounting one needs root, as CI runs here). A first run fills the
-store; the disk is then filled up to a little room, and a second run stops with exit 4 and one line when its
-journal cannot grow. Afterwards every journal line parses, the first run reads back whole from an sqlite
+store; a second run starts, and once its trial is running the disk is filled up: the run stops with exit 4
+and one line when its journal cannot grow. Afterwards every journal line parses, the first run reads back whole from an sqlite
 file that passes its integrity check, and once there is room again `crossrl sync` sends what the second run
 journaled.
 """
@@ -25,7 +25,6 @@ from crossrl.reports.journal import Journal
 from crossrl.reports.store import ResultsStore
 
 CLI = [sys.executable, "-m", "crossrl.cli"]
-ROOM_KB = 96  # what the second run finds free: room for its first writes, not for its trial
 
 
 @pytest.fixture
@@ -41,8 +40,8 @@ def small_disk(tmp_path: Path):  # -> Iterator[Path]
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def _fill(folder: Path, leave_kb: int) -> Path:
-    """A file that takes all the room there is, less ``leave_kb``."""
+def _fill(folder: Path) -> Path:
+    """A file that takes all the room there is."""
     filler = folder / "filler"
     with open(filler, "wb") as f:
         try:
@@ -51,12 +50,10 @@ def _fill(folder: Path, leave_kb: int) -> Path:
                 f.flush()
         except OSError as e:
             assert e.errno == errno.ENOSPC
-    with open(filler, "r+b") as f:
-        f.truncate(max(0, filler.stat().st_size - (leave_kb << 10)))
     return filler
 
 
-def _watch_tree(run: subprocess.Popen[str], seen: dict[int, psutil.Process]) -> None:
+def _watch_tree(run: subprocess.Popen[str], seen: dict[int, psutil.Process], trial: threading.Event) -> None:
     while run.poll() is None:
         try:
             for child in psutil.Process(run.pid).children(recursive=True):
@@ -64,6 +61,8 @@ def _watch_tree(run: subprocess.Popen[str], seen: dict[int, psutil.Process]) -> 
                     with contextlib.suppress(psutil.Error):
                         child.info_cmdline = child.cmdline()  # type: ignore[attr-defined]
                         seen[child.pid] = child
+                        if "trial_proc" in " ".join(child.info_cmdline):  # type: ignore[attr-defined]
+                            trial.set()
         except psutil.Error:
             pass
         time.sleep(0.2)
@@ -75,7 +74,6 @@ def test_a_full_disk_stops_the_run_with_one_line_and_corrupts_nothing(small_disk
     first = subprocess.run([*CLI, "run", "smoke", *common], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr
     before = ResultsStore(None, results_dir=results).load(scenario="smoke")
-    filler = _fill(small_disk, ROOM_KB)
 
     run = subprocess.Popen(
         [*CLI, "run", "cartpole-ppo", *common, "--steps", "200000"],
@@ -84,11 +82,14 @@ def test_a_full_disk_stops_the_run_with_one_line_and_corrupts_nothing(small_disk
         text=True,
     )
     seen: dict[int, psutil.Process] = {}  # every process of the run, to check none is left
-    watch = threading.Thread(target=_watch_tree, args=(run, seen), daemon=True)
+    trial = threading.Event()
+    watch = threading.Thread(target=_watch_tree, args=(run, seen, trial), daemon=True)
     watch.start()
+    started = trial.wait(300)
+    filler = _fill(small_disk)  # the disk fills up while the trial runs
     out, err = run.communicate(timeout=600)
     watch.join(10)
-    assert any("trial_proc" in " ".join(p.info_cmdline) for p in seen.values()), "the trial never started"
+    assert started, f"the trial never started (exit {run.returncode})\n{out[-3000:]}\n{err[-3000:]}"
     assert run.returncode == 4, f"exit {run.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1, err

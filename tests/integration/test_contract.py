@@ -22,7 +22,7 @@ from crossrl.reports.store import Loaded, ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import load
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.alone]  # its throughput feeds the regress gate
 
 ENGINE_DIST = {"crossrl": None, "rllib": "ray", "torchrl": "torchrl"}
 

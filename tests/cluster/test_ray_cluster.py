@@ -21,7 +21,7 @@ import pytest
 
 from crossrl.reports.store import ResultsStore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 
 def _free_ports(n: int) -> list[int]:
