@@ -37,13 +37,13 @@ lint: install
 
 # The smoke scenario and `crossrl regress` against reports/baselines/smoke.json run inside the tests
 # (tests/integration/test_contract.py, marked `alone`: its throughput is compared with a stored baseline,
-# so it runs first with nothing beside it); the other tests run two at a time, one test file per
-# process (most of a test's time is spent waiting on Ray, MLflow servers and child processes). The
-# regression table is printed at the end.
+# so it runs first with nothing beside it); the other tests run two at a time in two processes that
+# take work from each other (most of a test's time is spent waiting on Ray, MLflow servers and child
+# processes). The regression table is printed at the end.
 test: install chromium lint
 	rm -f crossrl-results/ci/regress.md
 	$(BIN)/pytest -m "alone" --timeout 900 --durations=3 $(PYTEST_FLAGS)
-	$(BIN)/pytest -m "not learning and not cluster and not alone" -n 2 --dist loadfile --timeout 900 --durations=15 $(PYTEST_FLAGS)
+	$(BIN)/pytest -m "not learning and not cluster and not alone" -n 2 --dist worksteal --timeout 900 --durations=15 $(PYTEST_FLAGS)
 	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
 
 # Tests that start Ray clusters of their own with `ray start` (a head, and a second node on loopback):

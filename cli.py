@@ -225,6 +225,22 @@ def run(
             help="at the end, wait this long for an unreachable store before leaving the rest to `crossrl sync`",
         ),
     ] = 60.0,
+    parallel: Annotated[
+        int,
+        typer.Option(
+            "--parallel",
+            metavar="N",
+            help="run up to N trials at once on the Ray cluster (--ray-address, else a local one); 1 (the "
+            "default) runs them one after another, as speed comparisons need",
+        ),
+    ] = 1,
+    placement: Annotated[
+        str,
+        typer.Option(
+            "--placement",
+            help="with --parallel: `node` keeps each trial's processes on one node, `spread` lets Ray spread them",
+        ),
+    ] = "node",
 ) -> None:
     """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
     from crossrl.adapters.registry import require_supported
@@ -268,6 +284,8 @@ def run(
                 command=" ".join(sys.argv),
                 resume=resume,
                 store_wait_s=store_wait,
+                parallel=parallel,
+                placement=placement,
             )
     except SpecError as e:
         _fail(e.problems)

@@ -470,7 +470,7 @@ class RllibAdapter:
 
     def run(self, trial: Trial, sink: MetricSink) -> None:
         """Train ``trial`` on RLlib until ``sink.exhausted``, one point per ``algo.train()``."""
-        from crossrl.core.cluster import LOCAL_RAY_ENV, connect
+        from crossrl.core.cluster import LOCAL_RAY_ENV, connect, free_cpus
 
         check_covered(trial)
         # Before `import ray`: Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import time, and only
@@ -485,7 +485,7 @@ class RllibAdapter:
         cluster = connect(trial.ray_address)
         algo = None
         try:
-            available = float(ray.available_resources().get("CPU", 0.0))
+            available = free_cpus()  # a sweep's trial: what its placement group has free
             plan = plan_resources(algorithm=trial.algorithm, workers=trial.workers, available_cpus=available)
             env_name = f"crossrl-{trial.fingerprint}-{uuid.uuid4().hex[:8]}"
             register_env(env_name, env_creator)

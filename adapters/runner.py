@@ -14,21 +14,20 @@ import json
 import math
 import os
 import selectors
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from crossrl.adapters.procs import kill_procs
 from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.adapters.signals import Interrupted, deferred_signals, deliver, held_signals
+from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult
 from crossrl.core.cluster import LOCAL_RAY_ENV
 from crossrl.reports.journal import JournalError
 from crossrl.reports.store import HEARTBEAT_S, ResultsStore, StoreError
@@ -36,30 +35,8 @@ from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import SpecError
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
-FLUSH_EVERY_S = 5.0  # buffered points reach the store at least this often
-FLUSH_EVERY_POINTS = 200
 KILL_GRACE_S = 5.0
 STORE_WAIT_S = 60.0  # at the end of a run, how long to wait for the store to have every write
-
-
-@dataclass
-class TrialResult:
-    trial: Trial
-    run_id: str
-    status: str
-    reason: str = ""
-    points: list[tuple[int, dict[str, float]]] = field(default_factory=list)
-    summary: dict[str, float | None] = field(default_factory=dict)
-    wall_s: float = 0.0
-
-    @property
-    def env_steps(self) -> int:
-        return self.points[-1][0] if self.points else 0
-
-    @property
-    def median_throughput(self) -> float | None:
-        vals = [p[M.SAMPLE_THROUGHPUT] for _, p in self.points if M.SAMPLE_THROUGHPUT in p]
-        return statistics.median(vals) if vals else None
 
 
 @dataclass
@@ -78,35 +55,6 @@ class RunOutcome:
         for r in self.results:
             out[r.status] = out.get(r.status, 0) + 1
         return out
-
-
-Progress = Callable[[str, dict[str, Any]], None]  # event name, payload
-
-
-def summarize(
-    points: list[tuple[int, dict[str, float]]], *, target: float | None, setup_s: float | None
-) -> dict[str, float | None]:
-    """Per-trial summary from the points alone, the same way for every engine.
-
-    ``final_return_mean``: mean return over the episodes completed in the last 10% of the env steps
-    sampled (each point's mean weighted by its episode count). ``steps_to_target``: env steps at the
-    first point whose episode_return_mean >= target (absent when never reached).
-    """
-    out: dict[str, float | None] = {"setup_s": setup_s}
-    with_return = [(s, p) for s, p in points if M.EPISODE_RETURN_MEAN in p]
-    if with_return:
-        last = with_return[-1][0]
-        tail = [(s, p) for s, p in with_return if s >= 0.9 * last] or with_return[-1:]
-        weights = [p.get(M.EPISODES_THIS_POINT, 1.0) for _, p in tail]
-        out[M.FINAL_RETURN_MEAN] = sum(
-            w * p[M.EPISODE_RETURN_MEAN] for w, (_, p) in zip(weights, tail, strict=True)
-        ) / sum(weights)
-    if target is not None:
-        hit = next(((s, p) for s, p in with_return if p[M.EPISODE_RETURN_MEAN] >= target), None)
-        if hit:
-            out[M.STEPS_TO_TARGET] = float(hit[0])
-            out[M.WALL_S_TO_TARGET] = hit[1].get(M.WALL_TIME_S)
-    return out
 
 
 class _TreeMeter:
@@ -180,44 +128,12 @@ def _run_one(
     beat: Callable[[], None] = lambda: None,
 ) -> TrialResult:
     """One trial in a child process; the store always ends with the trial's status and what it logged."""
-    result = TrialResult(trial=trial, run_id=run_id, status=M.FAILED)
+    rec = TrialRecorder(trial, store=store, run_id=run_id, progress=progress)
+    result = rec.result
     log_path = log_dir / f"{trial.name}.log"
     t0 = time.perf_counter()
-    pending: list[tuple[int, dict[str, float]]] = []
-    last_flush = time.perf_counter()
     partial = b""
-    setup_s: float | None = None
-    error: dict[str, str] | None = None
-    done = False
-    extra_tags: dict[str, str] = {}
     deadline = t0 + trial.budget.wall_seconds
-
-    def flush() -> None:
-        nonlocal pending, last_flush
-        if pending:
-            store.log_points(run_id, pending)
-            pending = []
-        last_flush = time.perf_counter()
-
-    def handle(msg: dict[str, Any]) -> None:
-        nonlocal setup_s, error, done
-        kind = msg.get("kind")
-        if kind == "point":
-            step, values = int(msg["step"]), msg["values"]
-            result.points.append((step, values))
-            pending.append((step, values))
-            progress("point", {"trial": trial, "step": step, "values": values})
-        elif kind == "setup":
-            setup_s = float(msg["setup_s"])
-        elif kind == "tags":
-            extra_tags.update(msg["tags"])
-            store.set_tags(run_id, msg["tags"], what="engine tags")
-        elif kind == "native_config":
-            store.log_native_config(run_id, msg["config"])
-        elif kind == "error":
-            error = msg
-        elif kind == "done":
-            done = True
 
     read_fd, write_fd = os.pipe()
     with held_signals() as early:  # a stop asked while the trial process starts is taken in the try below
@@ -257,25 +173,18 @@ def _run_one(
                 with deferred_signals():  # store writes: never interrupted half-way (a held sqlite lock)
                     for line in lines:
                         if line.strip():
-                            handle(json.loads(line))
+                            rec.handle(json.loads(line))
             meter.sample()
             beat()
-            if len(pending) >= FLUSH_EVERY_POINTS or time.perf_counter() - last_flush > FLUSH_EVERY_S:
-                with deferred_signals():
-                    flush()
+            with deferred_signals():
+                rec.flush_if_due()
         else:
             try:
                 code = proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 meter.kill_all()
                 code = proc.wait()
-            if done and code == 0:
-                result.status = M.FINISHED
-            elif error is not None:
-                result.status, result.reason = M.FAILED, error["error"]
-            else:
-                result.status = M.FAILED
-                result.reason = f"trial process exited with code {code} without reporting an error (crash?)"
+            rec.ended(code == 0, f"trial process exited with code {code}")
     except KeyboardInterrupt as e:
         stop = Interrupted.of(e)
         result.status, result.reason = M.KILLED, f"interrupted ({stop.label})"
@@ -289,23 +198,12 @@ def _run_one(
             os.close(read_fd)
             if proc.poll() is None:
                 meter.kill_all()
-            result.wall_s = time.perf_counter() - t0
-            result.summary = summarize(result.points, target=trial.target_return, setup_s=setup_s)
-            result.summary[M.PEAK_RSS_MB] = meter.peak_rss / 2**20
-            result.summary[M.CPU_SECONDS] = meter.cpu_seconds
-            flush()
-            if error is not None:
-                store.log_text(run_id, error["traceback"], "traceback.txt")
-            store.log_file(run_id, log_path)
-            store.finish_trial(
-                run_id,
-                status=result.status,
-                reason=result.reason,
-                summary=result.summary,
-                history=result.points,
-                last_step=result.env_steps,
+            rec.record_end(
+                wall_s=time.perf_counter() - t0,
+                peak_rss=meter.peak_rss,
+                cpu_seconds=meter.cpu_seconds,
+                log_path=log_path,
             )
-            progress("trial_end", {"result": result})
         if late:  # asked to stop while the end was being recorded: the trial stands as recorded
             try:
                 deliver(late)
@@ -327,6 +225,8 @@ def run_scenario(
     command: str = "",
     resume: str | None = None,
     store_wait_s: float = STORE_WAIT_S,
+    parallel: int = 1,
+    placement: str = "node",
 ) -> RunOutcome:
     """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
 
@@ -347,10 +247,24 @@ def run_scenario(
     waits up to ``store_wait_s`` for the store to have every write; ``outcome.unsent`` counts what it has
     not (``crossrl sync`` sends it later). A journal that cannot be written (a full disk) raises
     ``JournalError`` once the running trial's processes are gone.
+
+    ``parallel`` > 1 fans the trials out over the Ray cluster at ``ray_address`` (a local one on 127.0.0.1
+    without it), up to ``parallel`` at once, each in a placement group (``placement``: ``node`` keeps a trial's
+    processes on one node, ``spread`` lets them spread); see ``crossrl.adapters.fanout``. Raises ``SpecError``
+    before anything is stored when a trial cannot fit the cluster.
     """
+    if parallel < 1:
+        raise SpecError([f"--parallel must be at least 1, got {parallel}"])
     trials = spec.trials(ray_address=ray_address)
     if not skip_unsupported:
         require_supported(trials)
+    if parallel > 1:
+        from crossrl.adapters import fanout
+
+        if placement not in fanout.PLACEMENTS:
+            raise SpecError([f"--placement must be one of {', '.join(fanout.PLACEMENTS)}, got {placement!r}"])
+        trials = spec.trials(ray_address=fanout.connect_launcher(ray_address))  # the trials join the launcher's cluster
+        fanout.check_fits(trials, placement=placement)
     bad = {t.name: reason for t, reason in unsupported(trials)}
     notify = progress or (lambda _event, _payload: None)
     ended: dict[str, str] = {}  # trial name -> status, for a resumed run's trials that need no new attempt
@@ -368,7 +282,16 @@ def run_scenario(
             store.reopen_parent(parent_id)
         outcome = RunOutcome(parent_id=parent_id, experiment_id=None, results=[], journal=journal.path)
         _run_trials(
-            store, spec, trials, outcome, bad=bad, ended=ended, attempts=attempts, notify=notify, fresh=resume is None
+            store,
+            spec,
+            trials,
+            outcome,
+            bad=bad,
+            ended=ended,
+            attempts=attempts,
+            notify=notify,
+            fresh=resume is None,
+            fan_out=(parallel, placement) if parallel > 1 else None,
         )
     except JournalError:
         store.end_journal(wait_s=min(store_wait_s, 10.0))  # what the journal holds goes on to the store
@@ -376,6 +299,11 @@ def run_scenario(
     except BaseException:
         store.end_journal(wait_s=0.0)  # stopped before the parent run opened; the journal keeps what it holds
         raise
+    finally:
+        if parallel > 1:
+            import ray
+
+            ray.shutdown()  # leaves the cluster (a local one started for the sweep stops)
     sender = store.sender
     try:
         outcome.unsent = store.end_journal(wait_s=store_wait_s)
@@ -407,8 +335,10 @@ def _run_trials(
     attempts: dict[str, list[str]],
     notify: Progress,
     fresh: bool,
+    fan_out: tuple[int, str] | None = None,
 ) -> None:
-    """The trials, one after another, then the parent run's ending (see run_scenario); writes go to the journal."""
+    """The trials, one after another (or ``fan_out`` = (parallel, placement) at once over a Ray cluster), then
+    the parent run's ending (see run_scenario); writes go to the journal."""
     parent_id = outcome.parent_id
     started: tuple[Trial, str] | None = None  # the trial run opened last
     stopped = ""  # the parent's reason when a stop signal ends the run
@@ -418,6 +348,25 @@ def _run_trials(
             _log_raw_speed(store, parent_id, spec, step=0)
         beat = _Heartbeat(store, parent_id)
         with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
+            if fan_out is not None:
+                for trial in [t for t in trials if t.name in bad]:
+                    _skip(store, parent_id, spec, trial, bad[trial.name], outcome, attempts, notify)
+                from crossrl.adapters.fanout import run_fanned_out
+
+                run_fanned_out(
+                    [t for t in trials if t.name not in bad],
+                    parallel=fan_out[0],
+                    placement=fan_out[1],
+                    store=store,
+                    parent_id=parent_id,
+                    spec=spec,
+                    results=outcome.results,
+                    progress=notify,
+                    beat=beat,
+                    log_dir=Path(tmp),
+                    attempts=attempts,
+                )
+                trials = []  # all ran
             for index, trial in enumerate(trials):
                 with deferred_signals():  # a stop asked meanwhile comes once the run id is known
                     run_id = store.start_trial(parent_id, trial, spec=spec)
@@ -425,10 +374,7 @@ def _run_trials(
                 for earlier in attempts.get(trial.name, []):
                     store.supersede(earlier, by=run_id)
                 if trial.name in bad:
-                    store.finish_trial(run_id, status=M.SKIPPED, reason=bad[trial.name])
-                    result = TrialResult(trial=trial, run_id=run_id, status=M.SKIPPED, reason=bad[trial.name])
-                    outcome.results.append(result)
-                    notify("trial_end", {"result": result})
+                    _record_skipped(store, trial, run_id, bad[trial.name], outcome, notify)
                     continue
                 notify("trial_start", {"trial": trial, "index": index, "total": len(trials)})
                 outcome.results.append(
@@ -454,6 +400,32 @@ def _run_trials(
         store.finish_parent(parent_id, status=status, counts=counts, reason=stopped)
     if late and not outcome.interrupted:  # the run ended whole; the stop asked meanwhile still stops the caller
         outcome.interrupted, outcome.stop_signal = True, late[0]
+
+
+def _skip(
+    store: ResultsStore,
+    parent_id: str,
+    spec: ScenarioSpec,
+    trial: Trial,
+    reason: str,
+    outcome: RunOutcome,
+    attempts: dict[str, list[str]],
+    notify: Progress,
+) -> None:
+    with deferred_signals():
+        run_id = store.start_trial(parent_id, trial, spec=spec)
+    for earlier in attempts.get(trial.name, []):
+        store.supersede(earlier, by=run_id)
+    _record_skipped(store, trial, run_id, reason, outcome, notify)
+
+
+def _record_skipped(
+    store: ResultsStore, trial: Trial, run_id: str, reason: str, outcome: RunOutcome, notify: Progress
+) -> None:
+    store.finish_trial(run_id, status=M.SKIPPED, reason=reason)
+    result = TrialResult(trial=trial, run_id=run_id, status=M.SKIPPED, reason=reason)
+    outcome.results.append(result)
+    notify("trial_end", {"result": result})
 
 
 ENDED = (M.FINISHED, M.FAILED, M.TIMEOUT, M.SKIPPED)  # a trial in one of these needs no new attempt on resume

@@ -52,7 +52,31 @@ def connect(address: str | None, *, num_cpus: int | None = None, **kwargs: Any) 
     return {"ray_gcs_address": str(ctx.gcs_address), "ray_node_id": str(ctx.get_node_id())}
 
 
+def group_free_cpus() -> float | None:
+    """The CPUs still free in the placement group this process runs in (a trial of a sweep fanned out over a
+    cluster: its workers must fit there), or None outside one."""
+    import ray
+    from ray.util import get_current_placement_group
+
+    group = get_current_placement_group()
+    if group is None:
+        return None
+    return float(ray.available_resources().get(f"CPU_group_{group.id.hex()}", 0.0))
+
+
 def available_cpus() -> int:
+    """CPUs the trial's workers may ask for: its placement group's free CPUs in a sweep, else the cluster's."""
     import ray
 
+    in_group = group_free_cpus()
+    if in_group is not None:
+        return max(1, int(in_group))
     return int(ray.cluster_resources().get("CPU", 1))
+
+
+def free_cpus() -> float:
+    """CPUs free now: in the trial's placement group when it has one, else in the whole cluster."""
+    import ray
+
+    in_group = group_free_cpus()
+    return in_group if in_group is not None else float(ray.available_resources().get("CPU", 0.0))

@@ -29,8 +29,7 @@ class RunDisplay:
             console=console,
             transient=False,
         )
-        self._task: Any = None
-        self._by_time = False
+        self._tasks: dict[str, Any] = {}  # trial name -> its progress bar (several at once in a sweep)
         self._total = 0
 
     def __enter__(self) -> RunDisplay:
@@ -51,31 +50,27 @@ class RunDisplay:
             self.console.print(f"[yellow]store: {payload['message']}[/yellow]")
         elif name == "trial_start":
             trial = payload["trial"]
-            self._by_time = trial.budget.env_steps is None  # a time budget: progress in training seconds
-            self._task = self.progress.add_task(
+            by_time = trial.budget.env_steps is None  # a time budget: progress in training seconds
+            self._tasks[trial.name] = self.progress.add_task(
                 f"[{payload['index'] + 1}/{payload['total']}] {trial.name}",
-                total=trial.budget.train_seconds if self._by_time else trial.budget.env_steps,
+                total=trial.budget.train_seconds if by_time else trial.budget.env_steps,
                 info="starting",
-                unit="s of training" if self._by_time else "env steps",
+                unit="s of training" if by_time else "env steps",
             )
-        elif name == "point" and self._task is not None:
+        elif name == "point" and payload["trial"].name in self._tasks:
+            trial, task = payload["trial"], self._tasks[payload["trial"].name]
             v = payload["values"]
             ret = v.get(M.EPISODE_RETURN_MEAN)
             info = f"return {ret:8.1f}" if ret is not None else "return      -"
             info += f"  {v.get(M.SAMPLE_THROUGHPUT, 0):9,.0f} steps/s"
-            self.progress.update(
-                self._task,
-                completed=min(
-                    v.get(M.WALL_TIME_S, 0.0) if self._by_time else payload["step"], self.progress.tasks[-1].total or 0
-                ),
-                info=info,
-            )
+            done = v.get(M.WALL_TIME_S, 0.0) if trial.budget.env_steps is None else payload["step"]
+            self.progress.update(task, completed=min(done, self.progress.tasks[task].total or 0), info=info)
         elif name == "trial_end":
             result = payload["result"]
-            if self._task is not None:
+            task = self._tasks.pop(result.trial.name, None)
+            if task is not None:
                 style = _STYLE.get(result.status, "")
-                self.progress.update(self._task, info=f"[{style}]{result.status}[/{style}] {result.reason[:60]}")
-                self._task = None
+                self.progress.update(task, info=f"[{style}]{result.status}[/{style}] {result.reason[:60]}")
             elif result.status == M.SKIPPED:
                 self.console.print(f"[dim]SKIPPED {result.trial.name}: {result.reason}[/dim]")
 

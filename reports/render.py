@@ -132,15 +132,24 @@ def _tables(st: S.ReportStats) -> list[Table]:
         eff = _f(100 * sp["efficiency"], ".0f") + "%" if sp is not None and _fin(sp["efficiency"]) else DASH
         base = str(int(sp["baseline_workers"])) if sp is not None else DASH
         spread = f"{_f(r.min, ',.0f')} – {_f(r.max, ',.0f')}"
-        rows.append([r.engine, str(r.workers), str(r.n_seeds), _f(r.median, ",.0f"), spread, speed, eff, base])
+        shared = f" † {r.shared}/{r.n_seeds} shared a node" if r.shared else ""
+        rows.append([r.engine, str(r.workers), str(r.n_seeds), _f(r.median, ",.0f") + shared, spread, speed, eff, base])
+    note = (
+        "Median over iterations per trial, then median over seeds. Speedup against the engine's "
+        "smallest worker count; efficiency = speedup / (workers / that count)."
+    )
+    if st.throughput["shared"].any():
+        note += (
+            " † Some trials ran beside other trials of the sweep on the same node (`crossrl run --parallel`): "
+            "their speed was contended; run with `--parallel 1` to compare speed."
+        )
     tables.append(
         Table(
             "throughput",
             "Sampling throughput and scaling",
             ["engine", "workers", "seeds", "env steps/s", "min – max", "speedup", "efficiency", "vs workers"],
             rows,
-            "Median over iterations per trial, then median over seeds. Speedup against the engine's "
-            "smallest worker count; efficiency = speedup / (workers / that count).",
+            note,
         )
     )
     tables.append(

@@ -300,6 +300,8 @@ def throughput_tables(counted: pd.DataFrame, wide: pd.DataFrame) -> tuple[pd.Dat
     Per trial: the median over its iterations of ``sample_throughput``; then per group the median
     over seeds, with the min and max as spread. Speedup is against the engine's 1-worker group (or
     its smallest worker count, named in ``baseline_workers``); efficiency = speedup / (workers / baseline).
+    ``shared``: how many of the group's trials ran beside other trials on their node (a sweep with
+    ``--parallel``), so that their speed was contended.
     """
     per_trial = wide.groupby("run_id")[M.SAMPLE_THROUGHPUT].median()
     rows = []
@@ -314,9 +316,10 @@ def throughput_tables(counted: pd.DataFrame, wide: pd.DataFrame) -> tuple[pd.Dat
                 median=float(np.median(t)) if t.size else np.nan,
                 min=float(t.min()) if t.size else np.nan,
                 max=float(t.max()) if t.size else np.nan,
+                shared=int(g["node_shared"].sum()) if "node_shared" in g else 0,
             )
         )
-    thr = pd.DataFrame(rows, columns=["engine", "workers", "n_seeds", "median", "min", "max"])
+    thr = pd.DataFrame(rows, columns=["engine", "workers", "n_seeds", "median", "min", "max", "shared"])
     scale_rows = []
     for engine, g in thr.groupby("engine", sort=False):
         g = g.dropna(subset=["median"])

@@ -599,6 +599,8 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "reason": tags.get("reason", ""),
         "target_return": _num(tags.get("target_return")),
         "budget_env_steps": _int_or_zero(tags.get("budget_env_steps")),  # 0: a time budget only
+        # a sweep's trial (`crossrl run --parallel`) that ran beside others on its node: contended speed
+        "node_shared": tags.get("node.shared") == "true",
     }
     for k in ("workers", "envs_per_worker", "seed"):
         row[k] = int(row[k]) if str(row[k]).isdigit() else -1

@@ -29,7 +29,7 @@ def crossrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_regress_catches_a_real_slowdown(tmp_path: Path) -> None:
-    run = ["--engines", "crossrl", "--workers", "1", "--seeds", "0,1", "--no-report"]
+    run = ["--engines", "crossrl", "--workers", "1", "--seeds", "0", "--no-report"]  # one seed: the tolerance alone
     first = crossrl("run", "smoke", *run, cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     made = crossrl("baseline", "update", "smoke", "-o", "base.json", cwd=tmp_path)

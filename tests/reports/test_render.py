@@ -203,3 +203,20 @@ def test_input_frames_are_not_modified(tmp_path: Path, make_frames: Any) -> None
 def test_refuses_an_empty_experiment(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nothing to report: 0 trials"):
         build_report(trials=pd.DataFrame(), points=pd.DataFrame(), meta={}, out_dir=tmp_path)
+
+
+def test_throughput_measured_beside_other_trials_is_marked(tmp_path: Path, make_frames: Any) -> None:
+    """A sweep's trials that shared a node (`crossrl run --parallel`) are marked in the throughput table."""
+    trials, points, meta = make_frames(n_points=10, failures=False)
+    alone = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path / "alone")
+    assert "shared a node" not in alone.markdown.read_text()
+    first = trials.index[(trials.engine == "rllib") & (trials.workers == 2)][0]
+    trials["node_shared"] = False
+    trials.loc[first, "node_shared"] = True
+    paths = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path / "shared")
+    md = paths.markdown.read_text()
+    marked = [line for line in md.splitlines() if "shared a node" in line and line.startswith("|")]
+    assert len(marked) == 1 and marked[0].startswith("| rllib | 2 |"), marked
+    assert "--parallel 1" in md
+    rows = _rows(load_report_json(paths.json), "throughput")
+    assert rows["rllib", 2]["shared"] == 1 and rows["crossrl", 2]["shared"] == 0

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from crossrl.adapters.registry import engine_ids
-from crossrl.adapters.runner import run_scenario, summarize
+from crossrl.adapters.runner import run_scenario
+from crossrl.adapters.trials import summarize
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.loader import validate
 

@@ -1,0 +1,144 @@
+"""A trial's result, and the recorder that turns its messages into the result and the store's writes:
+shared by trials run in a child process (``crossrl.adapters.runner``) and trials fanned out over a Ray
+cluster (``crossrl.adapters.fanout``)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from crossrl.reports.store import ResultsStore
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.spec import Trial
+
+FLUSH_EVERY_S = 5.0  # buffered points reach the store at least this often
+FLUSH_EVERY_POINTS = 200
+
+
+@dataclass
+class TrialResult:
+    trial: Trial
+    run_id: str
+    status: str
+    reason: str = ""
+    points: list[tuple[int, dict[str, float]]] = field(default_factory=list)
+    summary: dict[str, float | None] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def env_steps(self) -> int:
+        return self.points[-1][0] if self.points else 0
+
+    @property
+    def median_throughput(self) -> float | None:
+        vals = [p[M.SAMPLE_THROUGHPUT] for _, p in self.points if M.SAMPLE_THROUGHPUT in p]
+        return statistics.median(vals) if vals else None
+
+
+Progress = Callable[[str, dict[str, Any]], None]  # event name, payload
+
+
+def summarize(
+    points: list[tuple[int, dict[str, float]]], *, target: float | None, setup_s: float | None
+) -> dict[str, float | None]:
+    """Per-trial summary from the points alone, the same way for every engine.
+
+    ``final_return_mean``: mean return over the episodes completed in the last 10% of the env steps
+    sampled (each point's mean weighted by its episode count). ``steps_to_target``: env steps at the
+    first point whose episode_return_mean >= target (absent when never reached).
+    """
+    out: dict[str, float | None] = {"setup_s": setup_s}
+    with_return = [(s, p) for s, p in points if M.EPISODE_RETURN_MEAN in p]
+    if with_return:
+        last = with_return[-1][0]
+        tail = [(s, p) for s, p in with_return if s >= 0.9 * last] or with_return[-1:]
+        weights = [p.get(M.EPISODES_THIS_POINT, 1.0) for _, p in tail]
+        out[M.FINAL_RETURN_MEAN] = sum(
+            w * p[M.EPISODE_RETURN_MEAN] for w, (_, p) in zip(weights, tail, strict=True)
+        ) / sum(weights)
+    if target is not None:
+        hit = next(((s, p) for s, p in with_return if p[M.EPISODE_RETURN_MEAN] >= target), None)
+        if hit:
+            out[M.STEPS_TO_TARGET] = float(hit[0])
+            out[M.WALL_S_TO_TARGET] = hit[1].get(M.WALL_TIME_S)
+    return out
+
+
+class TrialRecorder:
+    """A trial's messages (``point``, ``setup``, ``tags``, ``native_config``, ``error``, ``done``) into its result
+    and the store, points in batches; then its end. Used for trials in a child process (:func:`_run_one`) and
+    for trials fanned out over a Ray cluster (``crossrl.adapters.fanout``)."""
+
+    def __init__(self, trial: Trial, *, store: ResultsStore, run_id: str, progress: Progress) -> None:
+        self.trial, self.store, self.run_id, self.progress = trial, store, run_id, progress
+        self.result = TrialResult(trial=trial, run_id=run_id, status=M.FAILED)
+        self.pending: list[tuple[int, dict[str, float]]] = []
+        self.last_flush = time.perf_counter()
+        self.setup_s: float | None = None
+        self.error: dict[str, str] | None = None
+        self.done = False
+        self.extra_tags: dict[str, str] = {}
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("kind")
+        if kind == "point":
+            step, values = int(msg["step"]), msg["values"]
+            self.result.points.append((step, values))
+            self.pending.append((step, values))
+            self.progress("point", {"trial": self.trial, "step": step, "values": values})
+        elif kind == "setup":
+            self.setup_s = float(msg["setup_s"])
+        elif kind == "tags":
+            self.extra_tags.update(msg["tags"])
+            self.store.set_tags(self.run_id, msg["tags"], what="engine tags")
+        elif kind == "native_config":
+            self.store.log_native_config(self.run_id, msg["config"])
+        elif kind == "error":
+            self.error = msg
+        elif kind == "done":
+            self.done = True
+
+    def flush(self) -> None:
+        if self.pending:
+            self.store.log_points(self.run_id, self.pending)
+            self.pending = []
+        self.last_flush = time.perf_counter()
+
+    def flush_if_due(self) -> None:
+        if len(self.pending) >= FLUSH_EVERY_POINTS or time.perf_counter() - self.last_flush > FLUSH_EVERY_S:
+            self.flush()
+
+    def ended(self, exit_ok: bool, how: str) -> None:
+        """The trial's code stopped: FINISHED when it said done and ``exit_ok``, else FAILED with its error or ``how``."""
+        if self.done and exit_ok:
+            self.result.status = M.FINISHED
+        elif self.error is not None:
+            self.result.status, self.result.reason = M.FAILED, self.error["error"]
+        else:
+            self.result.status, self.result.reason = M.FAILED, f"{how} without reporting an error (crash?)"
+
+    def record_end(self, *, wall_s: float, peak_rss: float, cpu_seconds: float, log_path: Path | None) -> None:
+        """The trial's end, whole: summary, remaining points, traceback, log, final status."""
+        result = self.result
+        result.wall_s = wall_s
+        result.summary = summarize(result.points, target=self.trial.target_return, setup_s=self.setup_s)
+        result.summary[M.PEAK_RSS_MB] = peak_rss / 2**20
+        result.summary[M.CPU_SECONDS] = cpu_seconds
+        self.flush()
+        if self.error is not None:
+            self.store.log_text(self.run_id, self.error["traceback"], "traceback.txt")
+        if log_path is not None:
+            self.store.log_file(self.run_id, log_path)
+        self.store.finish_trial(
+            self.run_id,
+            status=result.status,
+            reason=result.reason,
+            summary=result.summary,
+            history=result.points,
+            last_step=result.env_steps,
+        )
+        self.progress("trial_end", {"result": result})
