@@ -569,6 +569,47 @@ def bench_e2e_cmd(
                 results_dir=results_dir, store=True, console=console)  # fmt: skip
 
 
+@bench_app.command("sweep")
+def bench_sweep_cmd(
+    scenario: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")] = "smoke",
+    ray_address: Annotated[str, typer.Option("--ray-address", help="the Ray cluster (HOST:PORT)")] = "",
+    parallel: Annotated[
+        int, typer.Option("--parallel", metavar="N", help="trials at once in the fanned-out sweep")
+    ] = 2,
+    engines_: Annotated[str | None, typer.Option("--engines")] = None,
+    workers: Annotated[str | None, typer.Option("--workers")] = None,
+    seeds: Annotated[str | None, typer.Option("--seeds")] = None,
+    json_out: JsonOut = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    no_store: NoStore = False,
+) -> None:
+    """A scenario's sweep on a Ray cluster, fanned out (--parallel N) then one trial at a time: both wall times."""
+    from crossrl.adapters.bench.commands import bench_sweep
+    from crossrl.adapters.bench.results import print_sweep_table
+    from crossrl.scenarios.loader import SpecError
+
+    if not ray_address:
+        _fail(["--ray-address is needed: the sweep is measured on a cluster (HOST:PORT)"])
+    overrides: dict[str, Any] = {}
+    if engines_:
+        overrides["engines"] = [e.strip() for e in engines_.split(",") if e.strip()]
+    if workers:
+        overrides["execution.workers"] = _csv_ints(workers, "--workers")
+    if seeds:
+        overrides["seeds"] = _csv_ints(seeds, "--seeds")
+    _load(scenario, overrides)  # a bad spec or override: exit 2 with its problems, before anything runs
+    console = _console()
+    try:
+        table = bench_sweep(
+            ray_address=ray_address, scenario=scenario, parallel=parallel, overrides=overrides, progress=console.print
+        )
+    except SpecError as e:
+        _fail(e.problems)
+    _emit_bench("sweep", table, print_sweep_table, json_out=json_out, tracking_uri=tracking_uri,
+                results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
+
+
 @bench_app.command("overhead")
 def bench_overhead_cmd(
     json_out: JsonOut = None,

@@ -72,6 +72,7 @@ class TrialHost:
         os.close(fd)
         self._out: queue.Queue[dict[str, Any]] = queue.Queue()
         self._usage = _Usage()
+        self._free_at_first_point: float | None = None
         threading.Thread(target=self._train, name="crossrl-trial", daemon=True).start()
 
     def _train(self) -> None:
@@ -98,6 +99,12 @@ class TrialHost:
             messages.append(self._out.get(timeout=wait_s))
             while True:
                 messages.append(self._out.get_nowait())
+        if self._free_at_first_point is None and any(m.get("kind") == "point" for m in messages):
+            from crossrl.core.cluster import group_free_cpus
+
+            # every worker is up by the first point: 0 free means the engine's workers took the group's CPUs
+            # (they were started inside it), not CPUs elsewhere in the cluster
+            self._free_at_first_point = group_free_cpus()
         self._usage.sample()
         usage = self._usage
         return {
@@ -105,6 +112,7 @@ class TrialHost:
             "peak_rss": usage.peak_rss,
             "cpu_seconds": usage.cpu_seconds,
             "whole": usage.whole,
+            "group_free_cpus": self._free_at_first_point,
         }
 
     def log(self) -> bytes:
@@ -176,6 +184,7 @@ class _Running:
     peak_rss: float = 0.0
     cpu_seconds: float = 0.0
     usage_whole: bool = True  # memory and CPU counted over the trial's actors, not its driver alone
+    group_free_cpus: float | None = None  # the group's CPUs left free once the trial reported its first point
     finished: bool = False
 
 
@@ -303,6 +312,7 @@ def run_fanned_out(
                         "node.shared": str(bool(shared)).lower(),
                         "placement": placement,
                         "usage.scope": "trial" if r.usage_whole else "driver (Ray's state API unavailable)",
+                        **({} if r.group_free_cpus is None else {"placement.free_cpus": f"{r.group_free_cpus:g}"}),
                     },
                     what="placement tags",
                 )
@@ -357,6 +367,8 @@ def run_fanned_out(
                     r.peak_rss = max(r.peak_rss, float(answer["peak_rss"]))
                     r.cpu_seconds = max(r.cpu_seconds, float(answer["cpu_seconds"]))
                     r.usage_whole = bool(answer["whole"])
+                    if answer["group_free_cpus"] is not None:
+                        r.group_free_cpus = float(answer["group_free_cpus"])
                     with deferred_signals():
                         for msg in answer["messages"]:
                             r.rec.handle(msg)

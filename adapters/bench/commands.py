@@ -1,4 +1,4 @@
-"""The ``crossrl bench`` commands as library functions: sampling, scaling, e2e, overhead.
+"""The ``crossrl bench`` commands as library functions: sampling, scaling, e2e, overhead, sweep.
 
 Each returns plain data (:mod:`crossrl.adapters.bench.results`), which has ``to_json(path)``, and has a
 printer there. Throughput is measured interleaved (A B C D A B C D ...), each measurement in a fresh
@@ -17,7 +17,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from crossrl.adapters.bench.results import E2ERow, E2ETable, Overhead, SpeedTable, add_scaling, speed_rows
+from crossrl.adapters.bench.results import (
+    E2ERow,
+    E2ETable,
+    Overhead,
+    SpeedTable,
+    SweepRow,
+    SweepTable,
+    add_scaling,
+    speed_rows,
+)
 from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, measure
 from crossrl.scenarios import catalog
 from crossrl.scenarios import metrics as M
@@ -206,6 +215,47 @@ def bench_e2e(
         outcome = run_scenario(spec, store=st, spec_path=path, skip_unsupported=True, progress=notify,
                                command=f"crossrl bench e2e {scenario}")  # fmt: skip
     return e2e_table(spec, outcome)
+
+
+def bench_sweep(
+    *,
+    ray_address: str,
+    scenario: str = "smoke",
+    parallel: int = 2,
+    overrides: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> SweepTable:
+    """The scenario's sweep on the cluster at ``ray_address`` twice, both timed: ``parallel`` trials at once
+    first, then one trial at a time (so whatever the first sweep warms, such as Ray's idle workers, helps
+    the sequential one). Each into a throw-away store of its own."""
+    from crossrl.adapters.runner import run_scenario
+    from crossrl.reports.store import ResultsStore
+    from crossrl.scenarios.loader import load
+
+    spec, path = load(scenario, overrides=overrides or {})
+    rows = []
+    for at_once in (parallel, 1):
+        with tempfile.TemporaryDirectory(prefix="crossrl-bench-sweep-") as tmp:
+
+            def notify(event: str, payload: dict[str, Any], at_once: int = at_once) -> None:
+                if event == "trial_end":
+                    r = payload["result"]
+                    _say(progress, f"--parallel {at_once}: {r.trial.name} {r.status} ({r.wall_s:.1f} s)")
+
+            t0 = time.perf_counter()
+            outcome = run_scenario(
+                spec,
+                store=ResultsStore(results_dir=Path(tmp)),
+                spec_path=path,
+                ray_address=ray_address,
+                progress=notify,
+                command=f"crossrl bench sweep {scenario} --parallel {at_once}",
+                parallel=at_once,
+            )
+            wall = time.perf_counter() - t0
+        finished = sum(r.status == M.FINISHED for r in outcome.results)
+        rows.append(SweepRow(at_once, len(outcome.results), finished, wall, outcome.parent_id))
+    return SweepTable(scenario=spec.name, ray_address=ray_address, rows=rows)
 
 
 def e2e_table(spec: Any, outcome: Any) -> E2ETable:

@@ -385,3 +385,60 @@ def print_overhead(o: Overhead, *, console: Any = None) -> None:
         t.add_row("peak RSS per RLlib env runner (reference)",
                   ", ".join(f"{x:.0f}" for x in o.rllib_env_runner_peak_rss_mb) + " MiB", "-")  # fmt: skip
     (console or Console()).print(t)
+
+
+@dataclass
+class SweepRow:
+    parallel: int  # trials at once (1: one after another)
+    trials: int
+    finished: int
+    wall_s: float  # the whole sweep, from `crossrl run`'s start to its end
+    parent_run_id: str = ""
+
+
+@dataclass
+class SweepTable:
+    """One scenario swept over a Ray cluster twice in one run: ``--parallel N`` and one trial at a time."""
+
+    scenario: str
+    ray_address: str
+    rows: list[SweepRow]
+
+    def speedup(self) -> float | None:
+        """Sequential wall seconds / fanned-out wall seconds (> 1: fanning out saved time)."""
+        by = {r.parallel: r.wall_s for r in self.rows}
+        return _ratio(by.get(1), max((r.wall_s for r in self.rows if r.parallel > 1), default=None))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "scenario": self.scenario,
+            "ray_address": self.ray_address,
+            "speedup": self.speedup(),
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+    def to_json(self, path: Path) -> Path:
+        return _write(path, "sweep", self.to_dict())
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"parallel{r.parallel}.wall_s": r.wall_s for r in self.rows}
+        out.update({f"parallel{r.parallel}.finished": float(r.finished) for r in self.rows})
+        speedup = self.speedup()
+        if speedup is not None:
+            out["speedup"] = speedup
+        return out
+
+
+def print_sweep_table(table: SweepTable, *, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"bench sweep: {table.scenario} on {table.ray_address}")
+    for col in ("trials at once", "trials", "FINISHED", "wall s", "parent run"):
+        t.add_column(col, justify="right")
+    for r in table.rows:
+        t.add_row(str(r.parallel), str(r.trials), str(r.finished), f"{r.wall_s:.1f}", r.parent_run_id)
+    (console or Console()).print(t)
+    speedup = table.speedup()
+    if speedup is not None:
+        (console or Console()).print(f"speedup (one at a time / fanned out, wall seconds): {speedup:.2f}x")

@@ -1,7 +1,7 @@
 """A sweep fanned out over two Ray nodes (`crossrl run --ray-address ADDR --parallel 2`).
 
-Each node has 2 CPUs and each trial needs 2 (its driver and one worker, on one node), so two trials at once
-must land one on each node: checked through the node ids stored on the trials and the nodes' own custom
+Each node has 3 CPUs and each trial here needs 2 (its driver and one worker, on one node), so two trials at
+once must land one on each node: checked through the node ids stored on the trials and the nodes' own custom
 resources. The same trials run one after another (`--parallel 1`) give the same trial names and metrics.
 """
 
@@ -49,7 +49,7 @@ def test_two_trials_at_once_land_on_both_nodes_and_match_a_sequential_run(ray_cl
     # one trial on each node (the nodes' ids, as Ray names them, against each node's own resource)
     assert sorted(t["node.id"] for t in tags.values()) == sorted(ray_cluster.nodes.values())
     assert all(t["node.shared"] == "false" and t["node.shared_with"] == "" for t in tags.values())
-    assert all(t["placement"] == "node" for t in tags.values())
+    assert all(t["placement"] == "node" and t["placement.free_cpus"] == "0" for t in tags.values())
     # ... at the same time
     (a0, a1), (b0, b1) = [(r.info.start_time, r.info.end_time) for r in runs.values()]  # type: ignore[attr-defined]
     assert a0 < b1 and b0 < a1, "the two trials did not overlap in time"
@@ -71,7 +71,8 @@ def test_two_trials_at_once_land_on_both_nodes_and_match_a_sequential_run(ray_cl
 
 def test_rllib_and_torchrl_trials_run_in_their_placement_groups(ray_cluster: Cluster, tmp_path: Path) -> None:
     """RLlib's env runners and TorchRL's Ray collectors are started by the engines themselves: the trial's
-    placement group captures them, so each trial fits its 2 CPUs, on one node, beside the other."""
+    placement group captures them: once a trial trains, its group has no CPU left (the runner or collector
+    holds the worker's bundle), and the two trials ran on different nodes."""
     proc = _run(ray_cluster, tmp_path / "r", "--engines", "rllib,torchrl", "--seeds", "0", "--parallel", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tags = {name: r.data.tags for name, r in _trials(tmp_path / "r").items()}  # type: ignore[attr-defined]
@@ -80,6 +81,9 @@ def test_rllib_and_torchrl_trials_run_in_their_placement_groups(ray_cluster: Clu
     assert sorted(t["node.id"] for t in tags.values()) == sorted(ray_cluster.nodes.values())
     # the engine joined the launcher's cluster from inside its actor, on its node
     assert all(t["ray_gcs_address"] == ray_cluster.address for t in tags.values())
+    # once training, the trial's group had no CPU left: its runner / collector took the group's worker CPU
+    free = {n: t.get("placement.free_cpus") for n, t in tags.items()}
+    assert set(free.values()) == {"0"}, free
 
 
 def test_a_trial_bigger_than_any_node_is_refused_before_anything_runs(ray_cluster: Cluster, tmp_path: Path) -> None:
@@ -89,7 +93,7 @@ def test_a_trial_bigger_than_any_node_is_refused_before_anything_runs(ray_cluste
         capture_output=True, text=True, env=ray_cluster.env, timeout=300,
     )  # fmt: skip
     assert big.returncode == 2, big.stdout + big.stderr
-    assert "needs 4 CPUs (3 workers + its driver) on one node (the biggest has 2 CPUs)" in big.stderr
+    assert "needs 4 CPUs (3 workers + its driver) on one node (the biggest has 3 CPUs)" in big.stderr
     assert "Traceback" not in big.stderr
     if (tmp_path / "big2" / "mlflow.db").exists():  # opened, but nothing stored
         assert ResultsStore(None, results_dir=tmp_path / "big2").experiment_id("smoke", create=False) is None
@@ -134,3 +138,21 @@ def test_sigterm_kills_every_running_trial_and_resume_runs_the_rest(ray_cluster:
     loaded = store.load(scenario="smoke")  # the resumed run: the newest attempt of each trial
     assert sorted(loaded.trials.trial) == ["crossrl-ppo-w1-s0", "crossrl-ppo-w1-s1", "crossrl-ppo-w1-s2"]
     assert set(loaded.trials.status) == {"FINISHED"}
+
+
+def test_bench_sweep_times_the_fanned_out_and_the_sequential_sweep(ray_cluster: Cluster, tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "sweep.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "crossrl.cli", "bench", "sweep", "smoke", "--ray-address", ray_cluster.address,
+         "--engines", "crossrl", "--workers", "1", "--seeds", "0,1", "--parallel", "2", "--json", str(out),
+         "--no-store"],
+        capture_output=True, text=True, env=ray_cluster.env, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    rows = {r["parallel"]: r for r in doc["rows"]}
+    assert sorted(rows) == [1, 2] and all(r["trials"] == r["finished"] == 2 for r in rows.values())
+    assert doc["speedup"] == rows[1]["wall_s"] / rows[2]["wall_s"]  # a ratio from the same run, not asserted
+    assert "speedup (one at a time / fanned out, wall seconds)" in proc.stdout

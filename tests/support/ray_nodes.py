@@ -1,6 +1,12 @@
 """A real two-node Ray cluster on loopback, started with `ray start` (a head and a second node, separate
-raylets, each with 2 CPUs and a custom resource naming it), and stopped by process group: only what was
-started here."""
+raylets, each with 3 CPUs and a custom resource naming it), and stopped by process group: only what was
+started here.
+
+Run as a script, it starts the cluster, runs a command on it (``{address}`` in the command is replaced by
+the head's address) and stops the cluster::
+
+    .venv/bin/python tests/support/ray_nodes.py .venv/bin/crossrl bench sweep smoke --ray-address {address}
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from pathlib import Path
 import psutil
 
 RAY = str(Path(sys.executable).parent / "ray")
+NODE_CPUS = 3  # each node's: a 2-worker trial (3 CPUs with its driver) fits, two 1-worker trials (4) do not
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
@@ -81,7 +88,7 @@ def _start(args: list[str], log: Path, *, join: bool = False) -> subprocess.Pope
     env = {**os.environ, **RAY_ENV, **({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"} if join else {})}
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [*ray_start, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=2", "--disable-usage-stats",
+            [*ray_start, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={NODE_CPUS}", "--disable-usage-stats",
              *args],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
@@ -160,3 +167,13 @@ def two_nodes(logs: Path) -> Iterator[Cluster]:
         yield Cluster(address=address, nodes=nodes, procs=procs)
     finally:
         _stop(procs)
+
+
+if __name__ == "__main__":
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="crossrl-ray-nodes-") as logs, two_nodes(Path(logs)) as cluster:
+        command = [arg.replace("{address}", cluster.address) for arg in sys.argv[1:]]
+        print(f"two-node Ray cluster at {cluster.address}: {' '.join(command)}", flush=True)
+        code = subprocess.run(command, env=cluster.env).returncode
+    sys.exit(code)
