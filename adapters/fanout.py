@@ -72,7 +72,7 @@ class TrialHost:
         os.close(fd)
         self._out: queue.Queue[dict[str, Any]] = queue.Queue()
         self._usage = _Usage()
-        self._free_at_first_point: float | None = None
+        self._fewest_free: float | None = None
         threading.Thread(target=self._train, name="crossrl-trial", daemon=True).start()
 
     def _train(self) -> None:
@@ -99,12 +99,13 @@ class TrialHost:
             messages.append(self._out.get(timeout=wait_s))
             while True:
                 messages.append(self._out.get_nowait())
-        if self._free_at_first_point is None and any(m.get("kind") == "point" for m in messages):
-            from crossrl.core.cluster import group_free_cpus
+        from crossrl.core.cluster import group_free_cpus
 
-            # every worker is up by the first point: 0 free means the engine's workers took the group's CPUs
-            # (they were started inside it), not CPUs elsewhere in the cluster
-            self._free_at_first_point = group_free_cpus()
+        # the fewest CPUs the group had free: 0 once the engine's workers hold the group's CPUs (they were
+        # started inside it), the workers' count if they took CPUs elsewhere in the cluster
+        free = group_free_cpus()
+        if free is not None:
+            self._fewest_free = free if self._fewest_free is None else min(self._fewest_free, free)
         self._usage.sample()
         usage = self._usage
         return {
@@ -112,7 +113,7 @@ class TrialHost:
             "peak_rss": usage.peak_rss,
             "cpu_seconds": usage.cpu_seconds,
             "whole": usage.whole,
-            "group_free_cpus": self._free_at_first_point,
+            "group_free_cpus": self._fewest_free,
         }
 
     def log(self) -> bytes:
@@ -184,7 +185,7 @@ class _Running:
     peak_rss: float = 0.0
     cpu_seconds: float = 0.0
     usage_whole: bool = True  # memory and CPU counted over the trial's actors, not its driver alone
-    group_free_cpus: float | None = None  # the group's CPUs left free once the trial reported its first point
+    group_free_cpus: float | None = None  # the fewest CPUs the trial's group had free while it ran
     finished: bool = False
 
 

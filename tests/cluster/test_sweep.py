@@ -81,7 +81,7 @@ def test_rllib_and_torchrl_trials_run_in_their_placement_groups(ray_cluster: Clu
     assert sorted(t["node.id"] for t in tags.values()) == sorted(ray_cluster.nodes.values())
     # the engine joined the launcher's cluster from inside its actor, on its node
     assert all(t["ray_gcs_address"] == ray_cluster.address for t in tags.values())
-    # once training, the trial's group had no CPU left: its runner / collector took the group's worker CPU
+    # while training, the trial's group had no CPU left: its runner / collector held the group's worker CPU
     free = {n: t.get("placement.free_cpus") for n, t in tags.items()}
     assert set(free.values()) == {"0"}, free
 
