@@ -190,6 +190,20 @@ def engines() -> None:
     _console().print(table)
 
 
+def _overrides(engines: str | None, workers: str | None, seeds: str | None, steps: int | None = None) -> dict[str, Any]:
+    """The spec fields that `--engines`, `--workers`, `--seeds` and `--steps` override."""
+    out: dict[str, Any] = {}
+    if engines:
+        out["engines"] = [e.strip() for e in engines.split(",") if e.strip()]
+    if workers:
+        out["execution.workers"] = _csv_ints(workers, "--workers")
+    if seeds:
+        out["seeds"] = _csv_ints(seeds, "--seeds")
+    if steps is not None:
+        out["budget.env_steps"] = steps
+    return out
+
+
 @app.command()
 def run(
     spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
@@ -252,15 +266,7 @@ def run(
     from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import SpecError
 
-    overrides: dict[str, Any] = {}
-    if engines_:
-        overrides["engines"] = [e.strip() for e in engines_.split(",") if e.strip()]
-    if workers:
-        overrides["execution.workers"] = _csv_ints(workers, "--workers")
-    if seeds:
-        overrides["seeds"] = _csv_ints(seeds, "--seeds")
-    if steps is not None:
-        overrides["budget.env_steps"] = steps
+    overrides = _overrides(engines_, workers, seeds, steps)
     scenario, path = _load(spec, overrides)
     if not skip_unsupported:
         try:
@@ -591,13 +597,7 @@ def bench_sweep_cmd(
 
     if not ray_address:
         _fail(["--ray-address is needed: the sweep is measured on a cluster (HOST:PORT)"])
-    overrides: dict[str, Any] = {}
-    if engines_:
-        overrides["engines"] = [e.strip() for e in engines_.split(",") if e.strip()]
-    if workers:
-        overrides["execution.workers"] = _csv_ints(workers, "--workers")
-    if seeds:
-        overrides["seeds"] = _csv_ints(seeds, "--seeds")
+    overrides = _overrides(engines_, workers, seeds)
     _load(scenario, overrides)  # a bad spec or override: exit 2 with its problems, before anything runs
     console = _console()
     try:

@@ -27,11 +27,15 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from crossrl.adapters.base import MetricSink
+from crossrl.adapters.procs import UsageMeter
 from crossrl.adapters.signals import Interrupted, deferred_signals, held_signals
 from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult
 from crossrl.reports.store import ResultsStore
@@ -122,12 +126,11 @@ class TrialHost:
             return f.read()
 
 
-class _Usage:
+class _Usage(UsageMeter):
     """Peak RSS and CPU seconds of the host process and the actors of its placement group on this node."""
 
     def __init__(self) -> None:
-        self.peak_rss = 0
-        self._cpu: dict[int, float] = {}
+        super().__init__()
         self._pids: list[int] = []
         self._pids_at = 0.0
         self.whole = True  # False once the group's actors cannot be listed: then this process alone
@@ -147,24 +150,12 @@ class _Usage:
                 self.whole = False
         return self._pids
 
-    def sample(self) -> None:
-        import psutil
-
-        rss = 0
+    def sample(self, procs: Iterable[psutil.Process] = ()) -> None:
+        mine = []
         for pid in {os.getpid(), *self._group_pids()}:
-            try:
-                p = psutil.Process(pid)
-                with p.oneshot():
-                    rss += p.memory_info().rss
-                    t = p.cpu_times()
-                    self._cpu[pid] = t.user + t.system
-            except psutil.Error:
-                continue
-        self.peak_rss = max(self.peak_rss, rss)
-
-    @property
-    def cpu_seconds(self) -> float:
-        return sum(self._cpu.values())
+            with contextlib.suppress(psutil.Error):
+                mine.append(self.known.get(pid) or psutil.Process(pid))
+        super().sample([*mine, *procs])
 
 
 @dataclass

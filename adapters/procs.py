@@ -27,6 +27,33 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+class UsageMeter:
+    """Peak RSS (summed over the processes of one sample) and CPU seconds (per process, latest reading) of a
+    set of processes sampled now and then: a trial's processes."""
+
+    def __init__(self) -> None:
+        self.peak_rss = 0
+        self._cpu: dict[int, float] = {}
+        self.known: dict[int, psutil.Process] = {}
+
+    def sample(self, procs: Iterable[psutil.Process]) -> None:
+        rss = 0
+        for p in procs:
+            try:
+                with p.oneshot():
+                    rss += p.memory_info().rss
+                    t = p.cpu_times()
+                    self._cpu[p.pid] = t.user + t.system
+                self.known[p.pid] = p
+            except psutil.Error:
+                continue
+        self.peak_rss = max(self.peak_rss, rss)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self._cpu.values())
+
+
 def kill_procs(procs: Iterable[psutil.Process], *, grace_s: float) -> None:
     """SIGTERM ``procs``, then SIGKILL those still running after ``grace_s`` seconds; ``grace_s=0``: SIGKILL at once.
 

@@ -18,13 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from crossrl.adapters.procs import kill_procs
+from crossrl.adapters.procs import UsageMeter, kill_procs
 from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.adapters.signals import Interrupted, deferred_signals, deliver, held_signals
 from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult
@@ -57,35 +57,19 @@ class RunOutcome:
         return out
 
 
-class _TreeMeter:
+class _TreeMeter(UsageMeter):
     """Peak RSS and CPU seconds of a process and all its descendants (Ray's workers included)."""
 
     def __init__(self, pid: int) -> None:
+        super().__init__()
         self.root = psutil.Process(pid)
-        self.peak_rss = 0
-        self._cpu: dict[int, float] = {}
-        self.known: dict[int, psutil.Process] = {}
 
-    def sample(self) -> None:
+    def sample(self, procs: Iterable[psutil.Process] = ()) -> None:
         try:
-            procs = [self.root, *self.root.children(recursive=True)]
+            tree = [self.root, *self.root.children(recursive=True)]
         except psutil.Error:
             return
-        rss = 0
-        for p in procs:
-            try:
-                with p.oneshot():
-                    rss += p.memory_info().rss
-                    t = p.cpu_times()
-                    self._cpu[p.pid] = t.user + t.system
-                self.known[p.pid] = p
-            except psutil.Error:
-                continue
-        self.peak_rss = max(self.peak_rss, rss)
-
-    @property
-    def cpu_seconds(self) -> float:
-        return sum(self._cpu.values())
+        super().sample([*tree, *procs])
 
     def kill_all(self) -> None:
         """SIGTERM every process seen in the tree (re-parented ones too), SIGKILL what is left after a grace period."""
