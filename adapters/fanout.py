@@ -27,7 +27,6 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ import psutil
 from crossrl.adapters.base import MetricSink
 from crossrl.adapters.procs import UsageMeter
 from crossrl.adapters.signals import Interrupted, deferred_signals, held_signals
-from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult
+from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult, open_trial
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import SpecError
@@ -150,12 +149,12 @@ class _Usage(UsageMeter):
                 self.whole = False
         return self._pids
 
-    def sample(self, procs: Iterable[psutil.Process] = ()) -> None:
+    def sample(self) -> None:
         mine = []
         for pid in {os.getpid(), *self._group_pids()}:
             with contextlib.suppress(psutil.Error):
                 mine.append(self.known.get(pid) or psutil.Process(pid))
-        super().sample([*mine, *procs])
+        self.measure(mine)
 
 
 @dataclass
@@ -177,7 +176,6 @@ class _Running:
     cpu_seconds: float = 0.0
     usage_whole: bool = True  # memory and CPU counted over the trial's actors, not its driver alone
     group_free_cpus: float | None = None  # the fewest CPUs the trial's group had free while it ran
-    finished: bool = False
 
 
 def bundles(trial: Trial) -> list[dict[str, float]]:
@@ -253,9 +251,7 @@ def run_fanned_out(
 
     def start(trial: Trial, index: int) -> None:
         with deferred_signals():
-            run_id = store.start_trial(parent_id, trial, spec=spec)
-        for earlier in attempts.get(trial.name, []):
-            store.supersede(earlier, by=run_id)
+            run_id = open_trial(store, parent_id, trial, spec=spec, attempts=attempts)
         group = placement_group(bundles(trial), strategy=PLACEMENTS[placement], name=f"crossrl-{run_id}")
         rec = TrialRecorder(trial, store=store, run_id=run_id, progress=progress)
         running[trial.name] = _Running(trial, rec, group, group.ready(), queued_at=time.perf_counter())
@@ -315,7 +311,6 @@ def run_fanned_out(
                 log_path=log_path if log_path is not None and log_path.exists() else None,
             )
         results.append(r.rec.result)
-        r.finished = True
         del running[r.trial.name]
 
     index = 0

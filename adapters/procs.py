@@ -36,7 +36,8 @@ class UsageMeter:
         self._cpu: dict[int, float] = {}
         self.known: dict[int, psutil.Process] = {}
 
-    def sample(self, procs: Iterable[psutil.Process]) -> None:
+    def measure(self, procs: Iterable[psutil.Process]) -> None:
+        """One sample of ``procs``."""
         rss = 0
         for p in procs:
             try:

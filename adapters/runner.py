@@ -18,16 +18,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from crossrl.adapters.procs import UsageMeter, kill_procs
+from crossrl.adapters.procs import UsageMeter, kill_procs, process_tree
 from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.adapters.signals import Interrupted, deferred_signals, deliver, held_signals
-from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult
+from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult, open_trial
 from crossrl.core.cluster import LOCAL_RAY_ENV
 from crossrl.reports.journal import JournalError
 from crossrl.reports.store import HEARTBEAT_S, ResultsStore, StoreError
@@ -64,12 +64,8 @@ class _TreeMeter(UsageMeter):
         super().__init__()
         self.root = psutil.Process(pid)
 
-    def sample(self, procs: Iterable[psutil.Process] = ()) -> None:
-        try:
-            tree = [self.root, *self.root.children(recursive=True)]
-        except psutil.Error:
-            return
-        super().sample([*tree, *procs])
+    def sample(self) -> None:
+        self.measure(process_tree(self.root.pid))
 
     def kill_all(self) -> None:
         """SIGTERM every process seen in the tree (re-parented ones too), SIGKILL what is left after a grace period."""
@@ -332,13 +328,24 @@ def _run_trials(
             _log_raw_speed(store, parent_id, spec, step=0)
         beat = _Heartbeat(store, parent_id)
         with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
-            if fan_out is not None:
-                for trial in [t for t in trials if t.name in bad]:
-                    _skip(store, parent_id, spec, trial, bad[trial.name], outcome, attempts, notify)
+            fanned = [t for t in trials if t.name not in bad] if fan_out is not None else []
+            for index, trial in enumerate(t for t in trials if t not in fanned):  # all but those fanned out
+                with deferred_signals():  # a stop asked meanwhile comes once the run id is known
+                    run_id = open_trial(store, parent_id, trial, spec=spec, attempts=attempts)
+                    started = (trial, run_id)
+                if trial.name in bad:
+                    _record_skipped(store, trial, run_id, bad[trial.name], outcome, notify)
+                    continue
+                notify("trial_start", {"trial": trial, "index": index, "total": len(trials)})
+                outcome.results.append(
+                    _run_one(trial, store=store, run_id=run_id, progress=notify, log_dir=Path(tmp), beat=beat)
+                )
+            if fan_out is not None and fanned:
                 from crossrl.adapters.fanout import run_fanned_out
 
+                started = None  # the fanned-out trials' ends are recorded by run_fanned_out, a stop included
                 run_fanned_out(
-                    [t for t in trials if t.name not in bad],
+                    fanned,
                     parallel=fan_out[0],
                     placement=fan_out[1],
                     store=store,
@@ -349,20 +356,6 @@ def _run_trials(
                     beat=beat,
                     log_dir=Path(tmp),
                     attempts=attempts,
-                )
-                trials = []  # all ran
-            for index, trial in enumerate(trials):
-                with deferred_signals():  # a stop asked meanwhile comes once the run id is known
-                    run_id = store.start_trial(parent_id, trial, spec=spec)
-                    started = (trial, run_id)
-                for earlier in attempts.get(trial.name, []):
-                    store.supersede(earlier, by=run_id)
-                if trial.name in bad:
-                    _record_skipped(store, trial, run_id, bad[trial.name], outcome, notify)
-                    continue
-                notify("trial_start", {"trial": trial, "index": index, "total": len(trials)})
-                outcome.results.append(
-                    _run_one(trial, store=store, run_id=run_id, progress=notify, log_dir=Path(tmp), beat=beat)
                 )
         _log_raw_speed(store, parent_id, spec, step=1)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP under stop_on_signals
@@ -384,23 +377,6 @@ def _run_trials(
         store.finish_parent(parent_id, status=status, counts=counts, reason=stopped)
     if late and not outcome.interrupted:  # the run ended whole; the stop asked meanwhile still stops the caller
         outcome.interrupted, outcome.stop_signal = True, late[0]
-
-
-def _skip(
-    store: ResultsStore,
-    parent_id: str,
-    spec: ScenarioSpec,
-    trial: Trial,
-    reason: str,
-    outcome: RunOutcome,
-    attempts: dict[str, list[str]],
-    notify: Progress,
-) -> None:
-    with deferred_signals():
-        run_id = store.start_trial(parent_id, trial, spec=spec)
-    for earlier in attempts.get(trial.name, []):
-        store.supersede(earlier, by=run_id)
-    _record_skipped(store, trial, run_id, reason, outcome, notify)
 
 
 def _record_skipped(

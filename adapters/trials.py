@@ -13,7 +13,7 @@ from typing import Any
 
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
-from crossrl.scenarios.spec import Trial
+from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 FLUSH_EVERY_S = 5.0  # buffered points reach the store at least this often
 FLUSH_EVERY_POINTS = 200
@@ -81,7 +81,6 @@ class TrialRecorder:
         self.setup_s: float | None = None
         self.error: dict[str, str] | None = None
         self.done = False
-        self.extra_tags: dict[str, str] = {}
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
@@ -93,7 +92,6 @@ class TrialRecorder:
         elif kind == "setup":
             self.setup_s = float(msg["setup_s"])
         elif kind == "tags":
-            self.extra_tags.update(msg["tags"])
             self.store.set_tags(self.run_id, msg["tags"], what="engine tags")
         elif kind == "native_config":
             self.store.log_native_config(self.run_id, msg["config"])
@@ -142,3 +140,13 @@ class TrialRecorder:
             last_step=result.env_steps,
         )
         self.progress("trial_end", {"result": result})
+
+
+def open_trial(
+    store: ResultsStore, parent_id: str, trial: Trial, *, spec: ScenarioSpec, attempts: dict[str, list[str]]
+) -> str:
+    """The trial's run under ``parent_id``; a resumed run's earlier attempts of it are marked superseded by it."""
+    run_id = store.start_trial(parent_id, trial, spec=spec)
+    for earlier in attempts.get(trial.name, []):
+        store.supersede(earlier, by=run_id)
+    return run_id
