@@ -145,6 +145,32 @@ def validate(spec: Annotated[str, typer.Argument(help="built-in scenario name or
         typer.echo("  (crossrl run refuses these unless --skip-unsupported records them as SKIPPED)")
 
 
+@app.command("random-return")
+def random_return(
+    spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
+    episodes: Annotated[int, typer.Option(help="episodes of random play", min=1)] = 200,
+    seed: Annotated[int, typer.Option(help="episode i is reset with seed + i")] = 0,
+) -> None:
+    """Random play's return on a scenario's env (a multi-agent env's team return, and each agent's): the
+    baseline a learning row is read against."""
+    import statistics
+
+    from crossrl.core.envs import random_returns
+
+    scenario, _ = _load(spec)
+    team, per_agent = random_returns(scenario.env, episodes=episodes, seed=seed)
+
+    def line(name: str, xs: list[float]) -> str:
+        sem = statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan")
+        return f"{name}: {statistics.fmean(xs):.2f} ± {sem:.2f} (mean ± standard error, {len(xs)} episodes)"
+
+    what = "team return (sum over agents)" if per_agent else "return"
+    typer.echo(f"{scenario.env.id}, random actions, seeds {seed}-{seed + episodes - 1}")
+    typer.echo(line(what, team))
+    for agent, xs in per_agent.items():
+        typer.echo("  " + line(agent, xs))
+
+
 @app.command()
 def scenarios() -> None:
     """List the built-in scenarios."""
@@ -474,6 +500,12 @@ def _store_bench(kind: str, result: Any, *, tracking_uri: str | None, results_di
 @bench_app.command("sampling")
 def bench_sampling_cmd(
     env: Annotated[str, typer.Option("--env", help="gymnasium env id")] = "CartPole-v1",
+    scenario: Annotated[
+        str | None,
+        typer.Option(
+            "--scenario", help="take the env (with its kwargs and multi-agent mapping) and the model from a scenario"
+        ),
+    ] = None,
     workers: Annotated[str, typer.Option("--workers", help="worker counts, e.g. 1,2")] = "1,2",
     envs_per_worker: Annotated[int, typer.Option("--envs-per-worker")] = 8,
     repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 3,
@@ -495,8 +527,13 @@ def bench_sampling_cmd(
     from crossrl.adapters.bench.results import print_speed_table
 
     console = _console()
+    spec_kw: dict[str, Any] = {}
+    if scenario is not None:
+        loaded, _ = _load(scenario)
+        spec_kw = {"env_spec": loaded.env, "model": loaded.algorithm.model}
     table = bench_sampling(
         env_id=env,
+        **spec_kw,
         workers=tuple(_csv_ints(workers, "--workers") or ()),
         envs_per_worker=envs_per_worker,
         repeat=repeat,

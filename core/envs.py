@@ -276,3 +276,48 @@ def _try_env(what: str, build: Callable[[], Any], *, step: bool) -> str | None:
         if problem:
             gc.collect()
         sys.unraisablehook = hook
+
+
+def random_returns(spec: EnvSpec, *, episodes: int, seed: int = 0) -> tuple[list[float], dict[str, list[float]]]:
+    """Random play's returns: ``episodes`` episodes of uniformly random actions, episode ``i`` reset with
+    seed ``seed + i``, on the env every engine steps (:func:`make_env`, or :func:`make_parallel_env` for a
+    multi-agent env, without the simulated latency).
+
+    Returns each episode's return (a multi-agent env's team return: the sum over its agents) and, for a
+    multi-agent env, each agent's returns (empty for a single-agent env). The baseline a learning row is
+    read against: what an engine's policy scores before it learns anything.
+    """
+    if episodes < 1:
+        raise ValueError(f"random play: episodes={episodes} must be >= 1")
+    quiet = spec.model_copy(update={"step_latency_ms": 0.0})
+    team: list[float] = []
+    per_agent: dict[str, list[float]] = {}
+    if spec.multi_agent:
+        env = make_parallel_env(quiet)
+        per_agent = {a: [] for a in env.possible_agents}
+        for i in range(episodes):
+            env.reset(seed=seed + i)
+            for k, (_, action_space) in enumerate(agent_spaces(env).values()):
+                action_space.seed(1000 * (seed + i) + k)
+            totals = dict.fromkeys(env.possible_agents, 0.0)
+            while env.agents:
+                _, rewards, _, _, _ = env.step({a: env.action_space(a).sample() for a in env.agents})
+                for a, r in rewards.items():
+                    totals[a] += float(r)
+            for a, r in totals.items():
+                per_agent[a].append(r)
+            team.append(sum(totals.values()))
+        env.close()
+        return team, per_agent
+    env = make_env(quiet)
+    env.action_space.seed(seed)
+    for i in range(episodes):
+        env.reset(seed=seed + i)
+        total, done = 0.0, False
+        while not done:
+            _, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+            total += float(reward)
+            done = bool(terminated or truncated)
+        team.append(total)
+    env.close()
+    return team, per_agent

@@ -105,6 +105,29 @@ def _tables(st: S.ReportStats) -> list[Table]:
                 "wall time among the trials (the same time for every engine); IQM over seeds, stratified bootstrap CI.",
             )
         )
+    if not st.agent_return.empty:
+        tables.append(
+            Table(
+                "agent-return",
+                "Final return per agent",
+                ["engine", "workers", "agent", "seeds", "IQM final return", "95% CI"],
+                [
+                    [
+                        r.engine,
+                        str(r.workers),
+                        str(r.agent),
+                        str(r.n_seeds),
+                        _f(r.iqm, ".1f"),
+                        _ci(r.ci_low, r.ci_high, ".1f", r.n_seeds),
+                    ]
+                    for r in st.agent_return.itertuples()
+                ],
+                "A multi-agent env: the final return above is the team's (the sum of the agents' returns per "
+                "episode); here each agent's mean return over the same episodes (the last 10 % of the env steps), "
+                "IQM over seeds, stratified bootstrap CI.",
+                frozenset({0, 1, 2}),
+            )
+        )
     if not st.time_to_target.empty:
         rows = []
         for r in st.time_to_target.itertuples():
@@ -274,6 +297,7 @@ def _document(
             "budget_env_steps": st.budget_env_steps,
             "final_return": _records(st.final_return),
             "return_at_wall": _records(st.return_at_wall),
+            "agent_return": _records(st.agent_return),
             "time_to_target": _records(st.time_to_target),
             "throughput": _records(st.throughput),
             "scaling": _records(st.scaling),

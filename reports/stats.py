@@ -172,6 +172,7 @@ class ReportStats:
     improvement: pd.DataFrame  # workers, engine_x, engine_y, n_x, n_y, p, ci_low, ci_high
     cost: pd.DataFrame  # engine, workers, n_seeds, peak_rss_mb, cpu_seconds, setup_s (medians)
     problems: pd.DataFrame  # trial, engine, workers, seed, status, reason (every non-FINISHED trial)
+    agent_return: pd.DataFrame  # multi-agent envs: engine, workers, agent, n_seeds, iqm, ci_low, ci_high
     target_return: float  # NaN when the spec sets none
     budget_env_steps: int
 
@@ -374,6 +375,42 @@ def improvement_table(counted: pd.DataFrame, *, rng: np.random.Generator) -> pd.
     return pd.DataFrame(rows, columns=cols)
 
 
+def agent_return_table(counted: pd.DataFrame, points: pd.DataFrame, *, rng: np.random.Generator) -> pd.DataFrame:
+    """Multi-agent envs: each agent's final return per engine x workers (empty for single-agent runs).
+
+    Per trial, the agent's mean return over the episodes completed in the last 10 % of the env steps (each
+    point weighted by its episode count), as the team's ``final_return_mean``; then IQM over seeds with the
+    stratified-bootstrap CI. The agents' figures add up to about the team's final return.
+    """
+    cols = ["engine", "workers", "agent", "n_seeds", "iqm", "ci_low", "ci_high"]
+    suffix = "." + M.EPISODE_RETURN_MEAN
+    names = sorted({m for m in points["metric"].unique() if m.startswith(M.AGENT_PREFIX) and m.endswith(suffix)})
+    if not names:
+        return pd.DataFrame(columns=cols)
+    wide = wide_points(points[points["run_id"].isin(counted["run_id"])], [*names, M.EPISODES_THIS_POINT])
+    per_run: dict[str, pd.Series] = {}
+    for run_id, g in wide.groupby("run_id", sort=False):
+        tail = g[g["step"] >= 0.9 * g["step"].max()]
+        w = tail[M.EPISODES_THIS_POINT].fillna(1.0)
+        per_run[str(run_id)] = pd.Series(
+            {n: float((w * tail[n]).sum() / w[tail[n].notna()].sum()) for n in names if tail[n].notna().any()}
+        )
+    rows = []
+    for engine, workers, g in _groups(counted):
+        for name in names:
+            x = np.array([per_run[r].get(name, np.nan) for r in g["run_id"] if r in per_run], dtype=float)
+            x = x[np.isfinite(x)]
+            if not x.size:
+                continue
+            lo, hi = stratified_bootstrap_ci([x], statistic=_iqm_last, rng=rng)
+            agent = name[len(M.AGENT_PREFIX) : -len(suffix)]
+            rows.append(
+                dict(engine=engine, workers=workers, agent=agent, n_seeds=int(x.size), iqm=float(iqm(x)), ci_low=lo,
+                     ci_high=hi)
+            )  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
+
+
 def cost_table(counted: pd.DataFrame) -> pd.DataFrame:
     """Median over seeds of peak RSS (MiB), CPU seconds and set-up seconds, per engine x workers."""
     cols = ["peak_rss_mb", "cpu_seconds", "setup_s"]
@@ -411,6 +448,7 @@ def compute(
         improvement=improvement_table(counted, rng=rng),
         cost=cost_table(counted),
         problems=problems,
+        agent_return=agent_return_table(counted, points, rng=rng),
         target_return=float(targets.iloc[0]) if len(targets) else np.nan,
         budget_env_steps=int(trials["budget_env_steps"].max()) if len(trials) else 0,
     )

@@ -93,6 +93,7 @@ def auto_fragment(workers: int, envs_per_worker: int) -> int:
 def bench_sampling(
     *,
     env_id: str = "CartPole-v1",
+    env_spec: EnvSpec | None = None,
     workers: Sequence[int] = (1, 2),
     envs_per_worker: int = 8,
     repeat: int = 3,
@@ -108,12 +109,14 @@ def bench_sampling(
     ``seconds``: timed wall seconds per measurement (after ``warmup_s`` s of warm-up in the same
     process). ``fragment``: env steps per env per iteration (one weight broadcast per iteration), the
     same for every engine; None: :func:`auto_fragment` per worker count.
-    Include "raw" and "crossrl" in ``engines`` to get the ratios to them.
+    Include "raw" and "crossrl" in ``engines`` to get the ratios to them. ``env_spec`` (a scenario's env, e.g. a
+    multi-agent one with its policy mapping; raw then steps its PettingZoo envs with random joint actions)
+    replaces ``env_id``.
     """
     unknown = [e for e in engines if e not in SAMPLING_ENGINES]
     if unknown:
         raise ValueError(f"bench sampling: unknown engine(s) {unknown}; known: {', '.join(SAMPLING_ENGINES)}")
-    env_spec = EnvSpec(id=env_id)
+    env_spec = env_spec or EnvSpec(id=env_id)
     results = _interleaved(
         [(e, "sync_samples" if e == "crossrl" else None) for e in engines],
         env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds,
@@ -129,7 +132,9 @@ def bench_sampling(
     cond = {"seconds": seconds, "warmup_s": warmup_s, "repeat": repeat, "fragment": frag,
             "model": model.model_dump(mode="json"), "crossrl_optimizer": "sync_samples",
             "machine_cores": os.cpu_count() or 1}  # fmt: skip
-    return SpeedTable(kind="sampling", env_id=env_id, rows=speed_rows(results), conditions=cond)
+    if env_spec.multi_agent:
+        cond["env"] = env_spec.model_dump(mode="json", exclude_defaults=True)
+    return SpeedTable(kind="sampling", env_id=env_spec.id, rows=speed_rows(results), conditions=cond)
 
 
 def bench_scaling(

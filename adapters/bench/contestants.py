@@ -96,13 +96,42 @@ def _raw_worker(conn: Connection, env_spec_json: str, num_envs: int, seed: int) 
     env.close()
 
 
+def _raw_parallel_worker(conn: Connection, env_spec_json: str, num_envs: int, seed: int) -> None:
+    """:func:`_raw_worker` for a multi-agent env: ``num_envs`` PettingZoo parallel envs stepped one after another
+    with random joint actions, each reset when its episode ends; a joint step of one env is one env step."""
+    from crossrl.core.envs import make_parallel_env
+
+    spec = EnvSpec.model_validate_json(env_spec_json)
+    envs = [make_parallel_env(spec) for _ in range(num_envs)]
+    for j, env in enumerate(envs):
+        env.reset(seed=seed * num_envs + j)
+        for k, a in enumerate(env.possible_agents):
+            env.action_space(a).seed(1000 * (seed * num_envs + j) + k)
+    agents = envs[0].possible_agents
+    actions = [{a: envs[0].action_space(a).sample() for a in agents} for _ in range(64)]  # not the env's cost
+    conn.send("ready")
+    i = 0
+    while (k := conn.recv()) is not None:
+        for _ in range(k):
+            for env in envs:
+                joint = actions[i % 64]
+                env.step({a: joint[a] for a in env.agents})
+                if not env.agents:
+                    env.reset()
+            i += 1
+        conn.send(k * num_envs)
+    for env in envs:
+        env.close()
+
+
 def setup_raw(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, model: ModelSpec, fragment: int) -> Contestant:
     del model  # random actions: no policy
     ctx = mp.get_context("spawn")
+    worker = _raw_parallel_worker if env_spec.multi_agent else _raw_worker
     conns, procs = [], []
     for i in range(workers):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_raw_worker, args=(child, env_spec.model_dump_json(), envs_per_worker, i), daemon=True)
+        p = ctx.Process(target=worker, args=(child, env_spec.model_dump_json(), envs_per_worker, i), daemon=True)
         p.start()
         conns.append(parent)
         procs.append(p)
@@ -120,7 +149,8 @@ def setup_raw(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, model: M
         for p in procs:
             p.join(timeout=10)
 
-    info = {"vector_env": "crossrl.core.envs.make_vector_env", "processes": workers}
+    made_by = "make_parallel_env (PettingZoo, random joint actions)" if env_spec.multi_agent else "make_vector_env"
+    info = {"vector_env": f"crossrl.core.envs.{made_by}", "processes": workers}
     return Contestant(step, close, info, lambda: [int(p.pid) for p in procs if p.pid is not None])
 
 

@@ -58,3 +58,30 @@ def test_rllib_sampler() -> None:
 @pytest.mark.integration  # no Ray, but importing torchrl alone takes ~15 s on the busy shared machine
 def test_torchrl_sampler() -> None:
     _check("torchrl")
+
+
+SPREAD = EnvSpec(
+    id="mpe2:simple_spread_v3", kwargs={"N": 3, "max_cycles": 25, "continuous_actions": False}, agents="shared"
+)
+
+
+def test_raw_multi_agent_contestant_counts_joint_steps() -> None:
+    """A multi-agent env's raw contestant: PettingZoo envs stepped with random joint actions, one env step per
+    joint step of one env copy, across episode ends (25 steps each here)."""
+    from crossrl.adapters.bench.contestants import setup_raw
+    from crossrl.adapters.bench.samplers import DEFAULT_MODEL
+
+    c = setup_raw(env_spec=SPREAD, workers=2, envs_per_worker=3, model=DEFAULT_MODEL, fragment=40)
+    try:
+        assert [c.step() for _ in range(3)] == [2 * 3 * 40] * 3
+        assert len(c.worker_pids()) == 2
+        assert "make_parallel_env" in c.info["vector_env"]
+    finally:
+        c.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ["crossrl", "rllib", "torchrl"])
+def test_multi_agent_samplers(engine: str) -> None:
+    res = measure(engine, env_spec=SPREAD, workers=1, envs_per_worker=2, seconds=1.0, warmup_s=0.2, fragment=50)
+    assert res.steps_per_s[0] > 0

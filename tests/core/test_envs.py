@@ -96,3 +96,25 @@ def test_atari_is_preprocessed_to_a_stack_of_four_84x84_uint8_frames() -> None:
     assert isinstance(make_vector_env(spec, 2), SerialVectorEnv)
     assert check_env(spec) is None
     assert "Disable frame-skipping" in (check_env(EnvSpec(id="ALE/Breakout-v5", kwargs={"frameskip": 4})) or "")
+
+
+def test_random_returns_multi_agent_team_is_the_sum_and_reproducible() -> None:
+    from crossrl.core.envs import random_returns
+
+    spec = EnvSpec(id="mpe2:simple_spread_v3", kwargs={"N": 3, "max_cycles": 5, "continuous_actions": False},
+                   agents="independent")  # fmt: skip
+    team, agents = random_returns(spec, episodes=4, seed=3)
+    assert list(agents) == ["agent_0", "agent_1", "agent_2"] and all(len(v) == 4 for v in agents.values())
+    np.testing.assert_allclose(team, np.sum([agents[a] for a in agents], axis=0))
+    assert all(t < 0 for t in team)  # simple_spread's rewards are negative distances
+    assert random_returns(spec, episodes=4, seed=3) == (team, agents)
+    assert random_returns(spec, episodes=4, seed=4)[0] != team
+
+
+def test_random_returns_single_agent() -> None:
+    from crossrl.core.envs import random_returns
+
+    team, agents = random_returns(EnvSpec(id="CartPole-v1", step_latency_ms=5.0), episodes=5)
+    assert agents == {} and len(team) == 5 and all(8 <= r <= 500 for r in team)  # no latency added: fast
+    with pytest.raises(ValueError, match="episodes=0"):
+        random_returns(EnvSpec(id="CartPole-v1"), episodes=0)

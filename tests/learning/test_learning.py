@@ -2,8 +2,9 @@
 
 Each case runs a built-in scenario restricted to one engine (2 workers, 3 seeds) into a persistent
 store under ``crossrl-results/learning`` and passes when the median seed reaches the target within
-the budget. Every case appends its row (engine, algorithm, seeds reaching the target, median env
-steps and wall seconds to target) to ``crossrl-results/learning/table.md``, the table in the README.
+the budget. Every case appends its row (engine, scenario, random play's mean return over 200 episodes, seeds
+reaching the target, median env steps and wall seconds to target, median final return) to
+``crossrl-results/learning/table.md``, the table in the README. A multi-agent scenario's returns are team returns.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from crossrl.adapters.runner import run_scenario
+from crossrl.core.envs import random_returns
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.loader import load
 
@@ -39,7 +41,15 @@ CASES = [
     ("cartpole-dqn", "torchrl"),
     ("cartpole-impala", "rllib"),
     ("cartpole-dqn", "rllib"),
+    # multi-agent: MPE simple_spread (3 agents), IPPO with one shared policy and with one policy per agent
+    ("spread-ippo-shared", "crossrl"),
+    ("spread-ippo-shared", "rllib"),
+    ("spread-ippo-shared", "torchrl"),
+    ("spread-ippo-independent", "crossrl"),
+    ("spread-ippo-independent", "rllib"),
+    ("spread-ippo-independent", "torchrl"),
 ]
+RANDOM_EPISODES = 200  # random play's return beside each row: episodes 0-199 of crossrl.core.envs.random_returns
 
 
 @pytest.mark.parametrize(("scenario", "engine"), CASES, ids=[f"{s}-{e}" for s, e in CASES])
@@ -57,9 +67,13 @@ def test_reaches_target(scenario: str, engine: str) -> None:
     reached = [s for s in steps if s is not None]
     med_steps = statistics.median([s if s is not None else math.inf for s in steps])
     med_wall = statistics.median([w if w is not None else math.inf for w in walls])
+    finals = [r.summary.get("final_return_mean") for r in outcome.results]
+    final = statistics.median([f for f in finals if f is not None]) if any(f is not None for f in finals) else None
+    random_play = statistics.fmean(random_returns(spec.env, episodes=RANDOM_EPISODES)[0])
     row = (
-        f"| {engine} | {spec.algorithm.name} | {spec.env.id} | {target:g} | {spec.budget.env_steps:,} "
+        f"| {engine} | {spec.name} | {spec.env.id} | {target:g} | {spec.budget.env_steps:,} | {random_play:.1f} "
         f"| {len(reached)}/{len(steps)} | {_fmt(med_steps, ',.0f')} | {_fmt(med_wall, '.0f')} "
+        f"| {'' if final is None else f'{final:.1f}'} "
         f"| {', '.join(r.status for r in outcome.results)} | {time.strftime('%Y-%m-%d')} |\n"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)

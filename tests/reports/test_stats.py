@@ -252,3 +252,29 @@ def test_return_at_equal_wall_time_is_read_where_every_trial_has_trained() -> No
     assert set(table["wall_s"]) == {8.0}  # the shortest trial's training time
     assert table.loc["crossrl", "iqm"] == pytest.approx(12.0) and table.loc["crossrl", "n_seeds"] == 2
     assert table.loc["rllib", "iqm"] == pytest.approx(0.0)
+
+
+def test_agent_returns_by_hand() -> None:
+    """A multi-agent run: each agent's final return over the last 10 % of env steps, weighted by episodes."""
+    trials = _trials(
+        [
+            ("crossrl", 1, 0, "FINISHED", -30.0, math.nan, math.nan),
+            ("crossrl", 1, 1, "FINISHED", -20.0, math.nan, math.nan),
+        ]
+    )
+    a0, a1 = M.agent_metric("agent_0"), M.agent_metric("agent_1")
+    rows = []
+    # r0: the tail (steps >= 900) holds step 950 (1 episode) and 1000 (3 episodes); step 100 is outside it
+    for step, v0, v1, n in ((100, -99.0, -99.0, 1.0), (950, -10.0, -20.0, 1.0), (1000, -14.0, -16.0, 3.0)):
+        rows += [("r0", a0, step, v0), ("r0", a1, step, v1), ("r0", M.EPISODES_THIS_POINT, step, n)]
+    rows += [("r1", a0, 1000, -8.0), ("r1", a1, 1000, -12.0), ("r1", M.EPISODES_THIS_POINT, 1000, 2.0)]
+    points = pd.DataFrame(rows, columns=["run_id", "metric", "step", "value"])
+    st = S.compute(trials=trials, points=points, rng=rng())
+    ar = st.agent_return.set_index("agent")
+    assert list(ar.index) == ["agent_0", "agent_1"] and set(ar["n_seeds"]) == {2}
+    # r0: agent_0 (1 x -10 + 3 x -14) / 4 = -13, agent_1 (-20 + 3 x -16) / 4 = -17; r1: -8 and -12
+    assert ar.loc["agent_0", "iqm"] == pytest.approx((-13.0 - 8.0) / 2)
+    assert ar.loc["agent_1", "iqm"] == pytest.approx((-17.0 - 12.0) / 2)
+    assert ar.loc["agent_0", "ci_low"] == pytest.approx(-13.0) and ar.loc["agent_0", "ci_high"] == pytest.approx(-8.0)
+    # single-agent runs have no per-agent table
+    assert S.compute(trials=trials, points=_points({"r0": [(10, 1.0, 1.0, 1.0)]}), rng=rng()).agent_return.empty

@@ -186,3 +186,19 @@ def test_ma_smoke_is_a_multi_agent_builtin() -> None:
     assert spec.env.multi_agent and check_env(spec.env) is None
     assert unsupported(spec.trials()) == []
     assert EnvSpec(id="CartPole-v1").multi_agent is False
+
+
+def test_cli_random_return_prints_team_and_agents(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "crossrl.cli", "random-return"]
+    out = subprocess.run([*cmd, "ma-smoke", "--episodes", "3"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "mpe2:simple_spread_v3, random actions, seeds 0-2"
+    assert lines[1].startswith("team return (sum over agents): -") and "3 episodes" in lines[1]
+    assert [ln.split(":")[0].strip() for ln in lines[2:]] == ["agent_0", "agent_1", "agent_2"]
+    team = float(lines[1].split(": ")[1].split()[0])
+    assert team == pytest.approx(sum(float(ln.split(": ")[1].split()[0]) for ln in lines[2:]), abs=0.03)
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(raw_spec("sharde")))
+    bad = subprocess.run([*cmd, str(f)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
