@@ -68,8 +68,9 @@ BUILTIN: dict[str, EngineInfo] = {
         multi_agent={
             "ppo": "sync_samples: a policy map in every evaluator, one sample batch per policy (IPPO)",
             "a2c": "sync_samples: a policy map in every evaluator, one sample batch per policy",
+            "impala": "async_samples: the same policy map; each policy's V-trace on its own time-major sub-batch",
         },
-        multi_agent_optimizers=("sync_samples",),
+        multi_agent_optimizers=("sync_samples", "async_samples"),
     ),
     "rllib": EngineInfo(
         id="rllib",

@@ -178,7 +178,7 @@ def test_engines_without_multi_agent_are_unsupported() -> None:
     assert bad["rllib"].startswith("rllib does not run ppo on multi-agent envs (env.agents) yet")
     raw["execution"] = {"optimizer": "async_gradients"}
     bad = dict((t.engine, reason) for t, reason in unsupported(validate(raw, label="a").trials()))
-    assert "crossrl runs multi-agent envs on sync_samples only yet, not async_gradients" in bad["crossrl"]
+    assert "crossrl runs multi-agent envs on sync_samples, async_samples only yet, not async_gradients" in bad["crossrl"]
 
 
 def test_ma_smoke_is_a_multi_agent_builtin() -> None:
