@@ -82,7 +82,9 @@ class TrialHost:
         try:
             from crossrl.adapters.registry import load_adapter
 
-            load_adapter(self._trial.engine).run(self._trial, _QueueSink(self._trial, self._out))
+            load_adapter(self._trial.engine, multi_agent=self._trial.env.multi_agent).run(
+                self._trial, _QueueSink(self._trial, self._out)
+            )
         except BaseException as e:  # report everything, as a trial process does
             tb = traceback.format_exc()
             print(tb, flush=True)

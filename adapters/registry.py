@@ -30,6 +30,7 @@ class EngineInfo:
     # (crossrl only; empty: any). An extra engine takes them all.
     multi_agent: dict[str, str] | None = None
     multi_agent_optimizers: tuple[str, ...] = ()
+    multi_agent_target: str | None = None  # "module:Class" for trials on multi-agent envs, when not ``target``
 
     def reason_unsupported(self, algorithm: str) -> str | None:
         if algorithm in self.supported:
@@ -86,11 +87,15 @@ BUILTIN: dict[str, EngineInfo] = {
             "a3c": "RLlib 2.60 has no A3C (removed from RLlib; rllib_contrib only)",
             "apex": "RLlib 2.60 has no Ape-X DQN on the new API stack (removed)",
         },
-        multi_agent={},
+        multi_agent={
+            "ppo": "ParallelPettingZooEnv + one RLModule per policy (MultiRLModuleSpec, policy_mapping_fn), "
+            "count_steps_by=env_steps; PPO per module (IPPO)",
+        },
     ),
     "torchrl": EngineInfo(
         id="torchrl",
         target="crossrl.adapters.torchrl:TorchrlAdapter",
+        multi_agent_target="crossrl.adapters.torchrl_multi:TorchrlMultiAgentAdapter",
         description="TorchRL 0.14: collectors, losses and value estimators",
         supported={
             "ppo": "ClipPPOLoss + GAE; Collector / MultiSyncCollector",
@@ -102,7 +107,11 @@ BUILTIN: dict[str, EngineInfo] = {
         unsupported={
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
         },
-        multi_agent={},
+        multi_agent={
+            "ppo": "PettingZooWrapper (a group per policy) + MultiAgentMLP(share_params=True); ClipPPOLoss + GAE per "
+            "policy (IPPO)",
+            "a2c": "PettingZooWrapper (a group per policy) + MultiAgentMLP(share_params=True); A2CLoss + GAE per policy",
+        },
     ),
 }
 
@@ -142,9 +151,12 @@ def load_target(target: str) -> type:
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 
 
-def load_adapter(engine_id: str):  # -> Adapter
-    """Import the engine's adapter module (heavy) and return an instance."""
-    return load_target(engines()[engine_id].target)()
+def load_adapter(engine_id: str, *, multi_agent: bool = False):  # -> Adapter
+    """Import the engine's adapter module (heavy) and return an instance: its ``multi_agent_target`` for a trial on
+    a multi-agent env where it has one (TorchRL's multi-agent adapter builds on the single-agent module, which
+    therefore cannot import it back), else its ``target``."""
+    info = engines()[engine_id]
+    return load_target(info.multi_agent_target if multi_agent and info.multi_agent_target else info.target)()
 
 
 def unsupported(trials: Iterable[Trial]) -> list[tuple[Trial, str]]:

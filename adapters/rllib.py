@@ -9,10 +9,14 @@ the spec's MLP for the policy and, separately, for the value function (``vf_shar
 Episode statistics come from an ``on_episode_end`` callback that logs each finished episode's raw
 (return, length) as an ``item_series`` (no reduction; RLlib clears it at every ``train()``), because
 ``env_runners/episode_return_mean`` is a smoothed window over past iterations.
+
+Multi-agent envs (``env.agents`` set, PPO only): :mod:`crossrl.adapters.rllib_multi` (ParallelPettingZooEnv, one
+RLModule per policy id, team and per-agent returns, per-policy losses).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from crossrl.adapters.base import MetricSink
+from crossrl.adapters.rllib_results import LOSS_KEYS, finite, first_number, result_get
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import EnvSpec, ModelSpec, Trial
 
@@ -204,7 +209,9 @@ def training_settings(trial: Trial, *, num_env_runners: int) -> dict[str, Any]:
 
 
 def env_creator(env_config: Mapping[str, Any]) -> Any:
-    """RLlib's env creator: the spec's env via crossrl's make_env (latency wrapper included).
+    """RLlib's env creator: the spec's env via crossrl's make_env (latency wrapper included), or for a
+    multi-agent spec its PettingZoo parallel env via make_parallel_env, in RLlib's ParallelPettingZooEnv
+    (:func:`crossrl.adapters.rllib_multi.parallel_env`).
 
     Register it under the name given to :func:`sampler_config` (``ray.tune.registry.register_env``).
     """
@@ -214,7 +221,12 @@ def env_creator(env_config: Mapping[str, Any]) -> Any:
         import torch
 
         torch.set_num_threads(1)  # env runner processes: one thread each, the CPUs are the runners'
-    return make_env(EnvSpec.model_validate(env_config["env_spec"]))
+    spec = EnvSpec.model_validate(env_config["env_spec"])
+    if spec.multi_agent:  # a PettingZoo parallel env (make_parallel_env) in RLlib's ParallelPettingZooEnv
+        from crossrl.adapters.rllib_multi import parallel_env
+
+        return parallel_env(spec)
+    return make_env(spec)
 
 
 def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **_: Any) -> None:
@@ -241,8 +253,10 @@ def sampler_config(
 
     New API stack on torch; env runners make their envs with :func:`env_creator`, registered by the
     caller as ``env_name``; policy and value function each get the network of ``model``
-    (:func:`model_config`). :func:`build_config` adds the trial's learners, training settings and
-    callbacks on top; the sampling benchmark (``crossrl bench sampling``) samples with this alone.
+    (:func:`model_config`); a multi-agent env gets one such RLModule per policy
+    (:func:`crossrl.adapters.rllib_multi.multi_agent_config`), sampled and counted in env steps.
+    :func:`build_config` adds the trial's learners, training settings and callbacks on top; the sampling
+    benchmark (``crossrl bench sampling``) samples with this alone.
     """
     config = (
         config.api_stack(enable_rl_module_and_learner=True, enable_env_runner_and_connector_v2=True)
@@ -257,6 +271,11 @@ def sampler_config(
         .rl_module(model_config=model_config(model))
         .debugging(seed=seed)
     )
+    if env_spec.multi_agent:
+        # One RLModule per crossrl policy id, every agent mapped to its policy; batches count env steps.
+        from crossrl.adapters.rllib_multi import multi_agent_config
+
+        return multi_agent_config(config, env_spec=env_spec, model=model)
     if model.conv:
         from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
@@ -309,8 +328,20 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
     classes = {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig}
     if trial.algorithm not in classes:
         raise ValueError(f"rllib cannot run {trial.algorithm}; it runs {', '.join(classes)}")
+    on_episode_end: Any = _on_episode_end
+    if trial.env.multi_agent:
+        from crossrl.adapters.rllib_multi import episode_callback, policy_layout
+
+        if trial.algorithm != "ppo":
+            raise ValueError(f"rllib runs multi-agent envs (env.agents) with ppo only, not {trial.algorithm}")
+        on_episode_end = episode_callback(policy_layout(trial.env)[0])
     settings = training_settings(trial, num_env_runners=plan.num_env_runners)
     fragment = settings.pop("rollout_fragment_length", "auto")
+    if trial.env.multi_agent:
+        # train_batch / (runners x envs) env steps per env and iteration, as crossrl's sync_samples and TorchRL's
+        # collectors sample PPO; the catalog's default fragment (64) with ma-smoke's train_batch 400 on 2 envs
+        # is refused by RLlib's 10% check (400 is not near a multiple of 128).
+        fragment = "auto"
     config: Any = (
         sampler_config(
             classes[trial.algorithm](),
@@ -328,7 +359,7 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         .resources(num_cpus_for_main_process=1)
         .learners(num_learners=plan.num_learners, num_cpus_per_learner=1 if plan.num_learners else "auto")
         .training(**settings)
-        .callbacks(on_episode_end=_on_episode_end)
+        .callbacks(on_episode_end=on_episode_end)
         # RLlib's default, set here so the native config states it: Ray restarts a dead env runner
         # (SIGKILL, OOM), RLlib samples from the others meanwhile and counts the restart.
         .fault_tolerance(restart_failed_env_runners=True)
@@ -355,32 +386,6 @@ def native_config(config: Any) -> dict[str, Any]:
     return out
 
 
-def _get(result: Mapping[str, Any], *path: str) -> Any:
-    node: Any = result
-    for key in path:
-        if not isinstance(node, Mapping) or key not in node:
-            return None
-        node = node[key]
-    return node
-
-
-def _num(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
-
-
-# Common metric -> RLlib learner keys under learners/default_policy, first present wins. IMPALA logs
-# batch sums as pi_loss/vf_loss and per-row means as mean_*; DQN's TD loss is qf_loss.
-LOSS_KEYS: Final[dict[str, tuple[str, ...]]] = {
-    M.POLICY_LOSS: ("mean_pi_loss", "policy_loss"),
-    M.VALUE_LOSS: ("mean_vf_loss", "vf_loss", "qf_loss"),
-    M.ENTROPY: ("entropy",),
-}
-
-
 # Diagnostics RLlib reports -> crossrl's diag.* names (a path under the train() result; absent keys are skipped).
 # RLlib's PPO reports the mean KL between the sampling and the updated policy, not crossrl's k3 estimate
 # nor a clip fraction; its off-policyness is counted in gradient updates, not weight versions.
@@ -390,13 +395,6 @@ DIAG_PATHS: Final[dict[str, tuple[str, ...]]] = {
     M.DIAG_GRAD_NORM: ("learners", "default_policy", "gradients_default_optimizer_global_norm"),
     M.DIAG_REPLAY_SIZE: ("replay_buffer", "num_env_steps_stored"),
 }
-
-
-def _first(stats: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
-    for key in keys:
-        if key in stats:
-            return _num(stats[key])
-    return None
 
 
 def _episode_pairs(items: Any) -> list[tuple[float, int]]:
@@ -425,30 +423,30 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
 
     ``epochs`` is RLlib's ``num_epochs`` (passes over each train batch).
     """
-    sampled = _get(result, "env_runners", "num_env_steps_sampled_lifetime")
+    sampled = result_get(result, "env_runners", "num_env_steps_sampled_lifetime")
     if sampled is None:
-        sampled = _get(result, "num_env_steps_sampled_lifetime")
+        sampled = result_get(result, "num_env_steps_sampled_lifetime")
     # RLlib's learners/__all_modules__/num_env_steps_trained counts the whole train batch once per
     # minibatch update (4842 for one 512-step PPO batch in 9 minibatches, measured), so it is not
     # used. PPO trains on every sampled step (None: the sink takes env_steps_sampled); IMPALA and
     # DQN report the rows their learner consumed, divided by the passes made over each batch.
     trained = None
     if algorithm != "ppo":
-        rows = _num(_get(result, "learners", "default_policy", "num_module_steps_trained_lifetime"))
+        rows = finite(result_get(result, "learners", "default_policy", "num_module_steps_trained_lifetime"))
         trained = rows / max(epochs, 1) if rows is not None else None
-    episodes = _episode_pairs(_get(result, "env_runners", _ITEM_KEY))
-    policy = _get(result, "learners", "default_policy") or {}
+    episodes = _episode_pairs(result_get(result, "env_runners", _ITEM_KEY))
+    policy = result_get(result, "learners", "default_policy") or {}
     values: dict[str, float | None] = {
-        M.POLICY_LOSS: _first(policy, LOSS_KEYS[M.POLICY_LOSS]),
-        M.VALUE_LOSS: _first(policy, LOSS_KEYS[M.VALUE_LOSS]),
-        M.ENTROPY: _first(policy, LOSS_KEYS[M.ENTROPY]),
+        M.POLICY_LOSS: first_number(policy, LOSS_KEYS[M.POLICY_LOSS]),
+        M.VALUE_LOSS: first_number(policy, LOSS_KEYS[M.VALUE_LOSS]),
+        M.ENTROPY: first_number(policy, LOSS_KEYS[M.ENTROPY]),
         # RLlib's timers/* are smoothed (EMA) per-call averages, not the seconds spent in this
         # iteration; for PPO/DQN (one sample and one update call per iteration) they are close.
-        M.TIME_SAMPLE_S: _num(_get(result, "timers", "env_runner_sampling_timer")),
-        M.TIME_LEARN_S: _num(_get(result, "timers", "learner_update_timer")),
-        M.TIME_SYNC_WEIGHTS_S: _num(_get(result, "timers", "synch_weights")),
-        M.WORKER_RESTARTS: _num(_get(result, "fault_tolerance", "num_remote_worker_restarts")),
-        **{name: _num(_get(result, *path)) for name, path in DIAG_PATHS.items()},
+        M.TIME_SAMPLE_S: finite(result_get(result, "timers", "env_runner_sampling_timer")),
+        M.TIME_LEARN_S: finite(result_get(result, "timers", "learner_update_timer")),
+        M.TIME_SYNC_WEIGHTS_S: finite(result_get(result, "timers", "synch_weights")),
+        M.WORKER_RESTARTS: finite(result_get(result, "fault_tolerance", "num_remote_worker_restarts")),
+        **{name: finite(result_get(result, *path)) for name, path in DIAG_PATHS.items()},
     }
     return {
         "env_steps_sampled": int(sampled or 0),
@@ -491,13 +489,28 @@ class RllibAdapter:
             register_env(env_name, env_creator)
             config = build_config(trial, plan=plan, env_name=env_name)
             algo = config.build_algo()
+            native = native_config(config)
+            to_point: Callable[[Any], dict[str, Any]]
+            if trial.env.multi_agent:
+                from crossrl.adapters import rllib_multi
+
+                agents, groups, _ = rllib_multi.policy_layout(trial.env)
+                # policy id -> the agents it acts for, as crossrl's native config has it
+                native |= {
+                    "policies": {pid: list(members) for pid, members in groups.items()},
+                    "episode_end": rllib_multi.EPISODE_END,
+                    "minibatches": rllib_multi.MINIBATCHES,
+                }
+                to_point = functools.partial(rllib_multi.result_to_point, agents=agents, policies=list(groups))
+            else:
+                epochs = int(config.num_epochs)
+                to_point = functools.partial(result_to_point, algorithm=trial.algorithm, epochs=epochs)
             sink.start_clock()
             sink.tags(engine_version=ray.__version__, rllib_resources=plan.note, **cluster)
-            sink.native_config(native_config(config))
-            epochs = int(config.num_epochs)
+            sink.native_config(native)
             iteration = 0
             while not sink.exhausted:
-                sink.point(**result_to_point(algo.train(), algorithm=trial.algorithm, epochs=epochs))
+                sink.point(**to_point(algo.train()))
                 if self.on_iteration is not None:
                     self.on_iteration(iteration, algo)
                 iteration += 1

@@ -201,7 +201,7 @@ def worker_init() -> None:
     torch.set_num_threads(1)
 
 
-def _ceil_to(x: int, k: int) -> int:
+def ceil_to(x: int, k: int) -> int:
     return -(-x // k) * k
 
 
@@ -210,9 +210,9 @@ def frames_per_batch(trial: Trial) -> int:
     envs, workers = trial.envs_per_worker, trial.workers
     algo = trial.algorithm
     if algo in ON_POLICY_SYNC:
-        return _ceil_to(int(trial.hp("train_batch")), envs * workers)
+        return ceil_to(int(trial.hp("train_batch")), envs * workers)
     if algo == "a3c":
-        return _ceil_to(int(trial.hp("train_batch")), envs)
+        return ceil_to(int(trial.hp("train_batch")), envs)
     if algo == "impala":
         return int(trial.hp("rollout_fragment")) * envs
     return int(trial.hp("rollout_fragment")) * envs * workers  # dqn
@@ -235,7 +235,7 @@ def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
         # RayCollector treats total_frames=-1 as "nothing to collect" (it stops at once, measured), so give it
         # enough frames to reach the budget; the adapter still stops at sink.exhausted.
         steps = trial.budget.env_steps or UNBOUNDED_FRAMES  # a time budget: the sink says when to stop
-        total = _ceil_to(steps, fpb) + fpb * trial.workers
+        total = ceil_to(steps, fpb) + fpb * trial.workers
         ray_kwargs = {
             "frames_per_batch": fpb, "total_frames": total,
             "num_collectors": trial.workers, "sync": sync, "collector_class": Collector,
@@ -366,6 +366,11 @@ class TorchrlAdapter:
             from crossrl.core.cluster import connect
 
             tags = connect(trial.ray_address)
+        if trial.env.multi_agent:
+            raise ValueError(
+                f"{trial.name}: a multi-agent env (env.agents); TorchRL runs it through "
+                "crossrl.adapters.torchrl_multi.TorchrlMultiAgentAdapter (the registry's multi_agent_target)"
+            )
         obs_shape, n_actions = env_dims(trial.env)
         learner = build_learner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
         collector, collector_desc = build_collector(trial=trial, policy=learner.policy)

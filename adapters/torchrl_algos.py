@@ -91,7 +91,7 @@ def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
     )
 
 
-def _clip_and_step(optim: torch.optim.Optimizer, params: list[nn.Parameter], grad_clip: float) -> float:
+def clip_and_step(optim: torch.optim.Optimizer, params: list[nn.Parameter], grad_clip: float) -> float:
     """Clip, step, zero; returns the global gradient norm before clipping."""
     norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
     optim.step()
@@ -99,7 +99,7 @@ def _clip_and_step(optim: torch.optim.Optimizer, params: list[nn.Parameter], gra
     return float(norm)
 
 
-def _f(x: torch.Tensor | None) -> float:
+def as_float(x: torch.Tensor | None) -> float:
     return float(x.detach().mean()) if x is not None else math.nan
 
 
@@ -180,16 +180,20 @@ class OnPolicyLearner:
         out = self.loss(batch)
         total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
         total.backward()
-        grad_norm = _clip_and_step(self.optim, self.params, self.grad_clip)
+        grad_norm = clip_and_step(self.optim, self.params, self.grad_clip)
         # TorchRL's loss_critic is already scaled by critic_coeff; report the raw squared error.
-        value_loss = _f(out["loss_critic"]) / self.vf_coeff if self.vf_coeff > 0 else math.nan
-        stats = {M.POLICY_LOSS: _f(out["loss_objective"]), M.VALUE_LOSS: value_loss, M.ENTROPY: _f(out.get("entropy"))}
+        value_loss = as_float(out["loss_critic"]) / self.vf_coeff if self.vf_coeff > 0 else math.nan
+        stats = {
+            M.POLICY_LOSS: as_float(out["loss_objective"]),
+            M.VALUE_LOSS: value_loss,
+            M.ENTROPY: as_float(out.get("entropy")),
+        }
         stats[M.DIAG_GRAD_NORM] = grad_norm
         # ClipPPOLoss's own diagnostics: kl_approx is the mean of log(pi_old / pi_new) (crossrl's core
         # reports the k3 estimate, RLlib its mean KL); clip_fraction as crossrl's.
         for name, key in ((M.DIAG_APPROX_KL, "kl_approx"), (M.DIAG_CLIP_FRAC, "clip_fraction")):
             if key in out.keys():  # noqa: SIM118 - TensorDict refuses `key in td`
-                stats[name] = _f(out[key])
+                stats[name] = as_float(out[key])
         return stats
 
     def native(self) -> dict[str, Any]:
@@ -273,8 +277,8 @@ class DQNLearner:
         while self._owed >= self.batch_size:
             out = self.loss(self.buffer.sample())
             out["loss"].backward()
-            grad_norm = _clip_and_step(self.optim, self.params, self.grad_clip)
-            steps.append({M.VALUE_LOSS: _f(out["loss"]), M.DIAG_GRAD_NORM: grad_norm})
+            grad_norm = clip_and_step(self.optim, self.params, self.grad_clip)
+            steps.append({M.VALUE_LOSS: as_float(out["loss"]), M.DIAG_GRAD_NORM: grad_norm})
             self._owed -= self.batch_size
         if self._sampled - self._last_target >= self.target_update:
             self.target.step()

@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
         trial = Trial.model_validate_json(sys.stdin.read())
         from crossrl.adapters.registry import load_adapter
 
-        adapter = load_adapter(trial.engine)
+        adapter = load_adapter(trial.engine, multi_agent=trial.env.multi_agent)
         adapter.run(trial, PipeSink(trial, stream))
     except BaseException as e:  # report everything, KeyboardInterrupt/SystemExit included
         tb = traceback.format_exc()

@@ -12,6 +12,7 @@ from typing import Any, cast
 import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
+from pettingzoo.utils.wrappers.base_parallel import BaseParallelWrapper
 
 from crossrl.scenarios.loader import first_line, pettingzoo_module, register_suite, registered_spec
 from crossrl.scenarios.spec import EnvSpec, mapping_problems
@@ -80,19 +81,17 @@ def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:
     return env
 
 
-class ParallelStepLatency:
-    """:class:`StepLatency` for a PettingZoo parallel env: wall time added to every joint step; the rest delegated."""
+class ParallelStepLatency(BaseParallelWrapper):  # type: ignore[misc]
+    """:class:`StepLatency` for a PettingZoo parallel env: wall time added to every joint step; the rest delegated.
+    A PettingZoo ``ParallelEnv`` itself (its own wrapper base), so the engines' PettingZoo wrappers take it."""
 
     def __init__(self, env: Any, latency_ms: float) -> None:
-        self.env = env
-        self._latency_s = latency_ms / 1000.0
+        super().__init__(env)
+        self.latency_s = latency_ms / 1000.0
 
     def step(self, actions: dict[str, Any]) -> Any:
-        time.sleep(self._latency_s)
+        time.sleep(self.latency_s)
         return self.env.step(actions)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.env, name)
 
 
 def make_parallel_env(spec: EnvSpec, **overrides: Any) -> Any:

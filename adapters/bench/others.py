@@ -13,7 +13,8 @@ from crossrl.adapters.bench.base import Contestant, getpid, ray_up
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 # rllib: an EnvRunnerGroup of SingleAgentEnvRunners from the adapter's sampler_config(PPOConfig()), sampled as
-# PPO.training_step does
+# PPO.training_step does; for a multi-agent env (env.agents set) MultiAgentEnvRunners over the adapter's
+# ParallelPettingZooEnv with one RLModule per policy, counting env steps (count_steps_by="env_steps")
 
 BENCH_ENV = "crossrl-bench-env"
 
@@ -51,7 +52,7 @@ def setup_rllib(
         out: Any = synchronous_parallel_sample(
             worker_set=group, max_env_steps=batch, _uses_new_env_runners=True, _return_metrics=True
         )
-        return int(sum(e.env_steps() for e in out[0]))
+        return int(sum(e.env_steps() for e in out[0]))  # env steps (a MultiAgentEpisode's too, not agent steps)
 
     def close() -> None:
         group.stop()
@@ -76,24 +77,37 @@ def setup_torchrl(
 
     # This process: one torch thread, as in the adapter's run() (with one worker it steps the envs itself).
     worker_init()
-    obs_shape, n_actions = env_dims(env_spec)
     torch.manual_seed(0)
-    net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=model)
-    actor = build_actor(net=net, n_actions=n_actions)
-    collector, desc = local_collector(
-        env_spec,
-        workers=workers,
-        envs_per_worker=envs_per_worker,
-        policy=actor,
-        frames_per_batch=fragment * workers * envs_per_worker,
-    )
+    collector: Any
+    if env_spec.multi_agent:
+        # A PettingZoo env (torchrl_multi): every policy's actor, PettingZooWrapper envs; a frame is an env step.
+        from crossrl.adapters.torchrl_multi import build_ma_policy, ma_env_dims, ma_local_collector
+
+        collector, desc = ma_local_collector(
+            env_spec,
+            workers=workers,
+            envs_per_worker=envs_per_worker,
+            policy=build_ma_policy(ma_env_dims(env_spec), model),
+            frames_per_batch=fragment * workers * envs_per_worker,
+        )
+    else:
+        obs_shape, n_actions = env_dims(env_spec)
+        net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=model)
+        actor = build_actor(net=net, n_actions=n_actions)
+        collector, desc = local_collector(
+            env_spec,
+            workers=workers,
+            envs_per_worker=envs_per_worker,
+            policy=actor,
+            frames_per_batch=fragment * workers * envs_per_worker,
+        )
     collector.set_seed(0)
     batches = iter(collector)
 
     def step() -> int:
         data = next(batches)
         collector.update_policy_weights_()  # one weight sync per batch, as the adapter does
-        return int(data.numel())
+        return int(data.numel())  # env steps (multi-agent: joint steps, not agent steps)
 
     def pids() -> list[int]:
         # Collector: this process steps the envs; MultiSyncCollector: one process per worker.

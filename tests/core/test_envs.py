@@ -118,3 +118,22 @@ def test_random_returns_single_agent() -> None:
     assert agents == {} and len(team) == 5 and all(8 <= r <= 500 for r in team)  # no latency added: fast
     with pytest.raises(ValueError, match="episodes=0"):
         random_returns(EnvSpec(id="CartPole-v1"), episodes=0)
+
+
+def test_parallel_env_latency_wrapper_is_a_pettingzoo_parallel_env() -> None:
+    """The engines' PettingZoo wrappers (TorchRL's PettingZooWrapper, RLlib's ParallelPettingZooEnv) take only a
+    ParallelEnv: the latency wrapper is one, and adds its time to every joint step."""
+    import time
+
+    from pettingzoo.utils.env import ParallelEnv
+
+    from crossrl.core.envs import make_parallel_env
+
+    spec = EnvSpec(id="mpe2:simple_spread_v3", kwargs={"N": 2, "max_cycles": 5}, agents="shared", step_latency_ms=20)
+    env = make_parallel_env(spec)
+    assert isinstance(env, ParallelEnv) and env.possible_agents == ["agent_0", "agent_1"]
+    env.reset(seed=0)
+    t0 = time.perf_counter()
+    env.step({a: 0 for a in env.agents})
+    assert time.perf_counter() - t0 >= 0.02
+    assert env.observation_space("agent_0").shape == (12,)

@@ -170,12 +170,19 @@ def test_single_agent_fingerprints_leave_the_mapping_out() -> None:
     assert shared.fingerprint() != independent.fingerprint()
 
 
-def test_engines_without_multi_agent_are_unsupported() -> None:
+def test_what_each_engine_runs_on_multi_agent_envs() -> None:
     raw = raw_spec("shared")
     raw["engines"] = ["crossrl", "rllib", "torchrl"]
+    assert unsupported(validate(raw, label="a").trials()) == []  # PPO: every engine
+    raw["algorithm"] = {"name": "dqn"}
     bad = dict((t.engine, reason) for t, reason in unsupported(validate(raw, label="a").trials()))
-    assert set(bad) == {"rllib", "torchrl"}
-    assert bad["rllib"].startswith("rllib does not run ppo on multi-agent envs (env.agents) yet")
+    assert set(bad) == {"crossrl", "rllib", "torchrl"}
+    assert bad["rllib"].startswith("rllib does not run dqn on multi-agent envs (env.agents) yet; it runs: ppo")
+    assert bad["torchrl"].startswith("torchrl does not run dqn on multi-agent envs (env.agents) yet; it runs: ppo, a2c")
+    raw["algorithm"] = {"name": "impala"}
+    bad = dict((t.engine, reason) for t, reason in unsupported(validate(raw, label="a").trials()))
+    assert set(bad) == {"rllib", "torchrl"}  # crossrl: async_samples over its policy map
+    raw["algorithm"] = {"name": "ppo"}
     raw["execution"] = {"optimizer": "async_gradients"}
     bad = dict((t.engine, reason) for t, reason in unsupported(validate(raw, label="a").trials()))
     assert "crossrl runs multi-agent envs on sync_samples, async_samples only yet, not async_gradients" in bad["crossrl"]

@@ -1,0 +1,43 @@
+"""Reading RLlib 2.60's ``train()`` results: nested keys, finite numbers, and the learner's loss keys (shared by
+:mod:`crossrl.adapters.rllib` and :mod:`crossrl.adapters.rllib_multi`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+from crossrl.scenarios import metrics as M
+
+
+def result_get(result: Mapping[str, Any], *path: str) -> Any:
+    node: Any = result
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def finite(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+# Common metric -> RLlib learner keys under learners/default_policy, first present wins. IMPALA logs
+# batch sums as pi_loss/vf_loss and per-row means as mean_*; DQN's TD loss is qf_loss.
+LOSS_KEYS: Final[dict[str, tuple[str, ...]]] = {
+    M.POLICY_LOSS: ("mean_pi_loss", "policy_loss"),
+    M.VALUE_LOSS: ("mean_vf_loss", "vf_loss", "qf_loss"),
+    M.ENTROPY: ("entropy",),
+}
+
+
+def first_number(stats: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
+    for key in keys:
+        if key in stats:
+            return finite(stats[key])
+    return None
