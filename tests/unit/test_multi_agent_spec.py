@@ -185,7 +185,9 @@ def test_what_each_engine_runs_on_multi_agent_envs() -> None:
     raw["algorithm"] = {"name": "ppo"}
     raw["execution"] = {"optimizer": "async_gradients"}
     bad = dict((t.engine, reason) for t, reason in unsupported(validate(raw, label="a").trials()))
-    assert "crossrl runs multi-agent envs on sync_samples, async_samples only yet, not async_gradients" in bad["crossrl"]
+    assert (
+        "crossrl runs multi-agent envs on sync_samples, async_samples only yet, not async_gradients" in bad["crossrl"]
+    )
 
 
 def test_ma_smoke_is_a_multi_agent_builtin() -> None:
