@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from crossrl.adapters.base import MetricSink
-from crossrl.adapters.rllib_results import LOSS_KEYS, finite, first_number, result_get
+from crossrl.adapters.rllib_results import (
+    LOSS_KEYS,
+    env_steps_sampled,
+    finite,
+    first_number,
+    result_get,
+    timing_values,
+)
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import EnvSpec, ModelSpec, Trial
 
@@ -423,9 +430,6 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
 
     ``epochs`` is RLlib's ``num_epochs`` (passes over each train batch).
     """
-    sampled = result_get(result, "env_runners", "num_env_steps_sampled_lifetime")
-    if sampled is None:
-        sampled = result_get(result, "num_env_steps_sampled_lifetime")
     # RLlib's learners/__all_modules__/num_env_steps_trained counts the whole train batch once per
     # minibatch update (4842 for one 512-step PPO batch in 9 minibatches, measured), so it is not
     # used. PPO trains on every sampled step (None: the sink takes env_steps_sampled); IMPALA and
@@ -440,16 +444,11 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
         M.POLICY_LOSS: first_number(policy, LOSS_KEYS[M.POLICY_LOSS]),
         M.VALUE_LOSS: first_number(policy, LOSS_KEYS[M.VALUE_LOSS]),
         M.ENTROPY: first_number(policy, LOSS_KEYS[M.ENTROPY]),
-        # RLlib's timers/* are smoothed (EMA) per-call averages, not the seconds spent in this
-        # iteration; for PPO/DQN (one sample and one update call per iteration) they are close.
-        M.TIME_SAMPLE_S: finite(result_get(result, "timers", "env_runner_sampling_timer")),
-        M.TIME_LEARN_S: finite(result_get(result, "timers", "learner_update_timer")),
-        M.TIME_SYNC_WEIGHTS_S: finite(result_get(result, "timers", "synch_weights")),
-        M.WORKER_RESTARTS: finite(result_get(result, "fault_tolerance", "num_remote_worker_restarts")),
+        **timing_values(result),
         **{name: finite(result_get(result, *path)) for name, path in DIAG_PATHS.items()},
     }
     return {
-        "env_steps_sampled": int(sampled or 0),
+        "env_steps_sampled": env_steps_sampled(result),
         "env_steps_trained": int(trained) if trained is not None else None,
         "episode_returns": [float(r) for r, _ in episodes],
         "episode_lengths": [int(n) for _, n in episodes],

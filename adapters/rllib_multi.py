@@ -184,23 +184,17 @@ def result_to_point(result: Mapping[str, Any], *, agents: Sequence[str], policie
     ``values`` each agent's mean return over the same episodes (from :func:`on_episode_end`'s records, not
     RLlib's smoothed ``env_runners/agent_episode_returns_mean``), each policy's losses and the mean over policies.
     """
-    from crossrl.adapters.rllib_results import LOSS_KEYS, finite, result_get
+    from crossrl.adapters.rllib_results import LOSS_KEYS, env_steps_sampled, result_get, timing_values
 
-    sampled = result_get(result, "env_runners", "num_env_steps_sampled_lifetime")
-    if sampled is None:
-        sampled = result_get(result, "num_env_steps_sampled_lifetime")
     records = episode_records(result_get(result, "env_runners", ITEM_KEY), 2 + len(agents))
     agent_returns = {a: [r[2 + i] for r in records] for i, a in enumerate(agents)}
     values: dict[str, float | None] = {
         **learner_values(result, policies, loss_keys=LOSS_KEYS, diag_keys=LEARNER_DIAG_KEYS),
         **M.agent_return_values(agent_returns),
-        M.TIME_SAMPLE_S: finite(result_get(result, "timers", "env_runner_sampling_timer")),
-        M.TIME_LEARN_S: finite(result_get(result, "timers", "learner_update_timer")),
-        M.TIME_SYNC_WEIGHTS_S: finite(result_get(result, "timers", "synch_weights")),
-        M.WORKER_RESTARTS: finite(result_get(result, "fault_tolerance", "num_remote_worker_restarts")),
+        **timing_values(result),
     }
     return {
-        "env_steps_sampled": int(sampled or 0),
+        "env_steps_sampled": env_steps_sampled(result),
         "env_steps_trained": None,  # PPO trains on every sampled env step
         "episode_returns": [r[0] for r in records],
         "episode_lengths": [int(r[1]) for r in records],

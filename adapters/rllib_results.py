@@ -41,3 +41,23 @@ def first_number(stats: Mapping[str, Any], keys: tuple[str, ...]) -> float | Non
         if key in stats:
             return finite(stats[key])
     return None
+
+
+def env_steps_sampled(result: Mapping[str, Any]) -> int:
+    """Env steps sampled so far (lifetime) in a ``train()`` result."""
+    sampled = result_get(result, "env_runners", "num_env_steps_sampled_lifetime")
+    if sampled is None:
+        sampled = result_get(result, "num_env_steps_sampled_lifetime")
+    return int(sampled or 0)
+
+
+def timing_values(result: Mapping[str, Any]) -> dict[str, float | None]:
+    """Sample, learn and weight-sync seconds and env-runner restarts of a ``train()`` result. RLlib's timers/* are
+    smoothed (EMA) per-call averages, not the seconds spent in this iteration; for PPO/DQN (one sample and one
+    update call per iteration) they are close."""
+    return {
+        M.TIME_SAMPLE_S: finite(result_get(result, "timers", "env_runner_sampling_timer")),
+        M.TIME_LEARN_S: finite(result_get(result, "timers", "learner_update_timer")),
+        M.TIME_SYNC_WEIGHTS_S: finite(result_get(result, "timers", "synch_weights")),
+        M.WORKER_RESTARTS: finite(result_get(result, "fault_tolerance", "num_remote_worker_restarts")),
+    }

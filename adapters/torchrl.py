@@ -18,6 +18,7 @@ import functools
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -392,36 +393,53 @@ class TorchrlAdapter:
                 }
             )  # fmt: skip
             sink.start_clock()
-            self._loop(collector=collector, learner=learner, sink=sink)
+            train_loop(collector=collector, learner=learner, sink=sink)
         finally:
             collector.shutdown()
 
-    @staticmethod
-    def _loop(*, collector: Any, learner: Any, sink: MetricSink) -> None:
-        """Sample, learn, sync weights, report; until the env-step budget is spent."""
-        batches = iter(collector)
-        sampled = trained = 0
-        while not sink.exhausted:
-            t0 = time.perf_counter()
-            try:
-                data = next(batches)
-            except Exception:
-                check_workers(collector)  # TorchRL's own "At least one process failed": say which and how
-                raise
-            t1 = time.perf_counter()
-            returns, lengths = completed_episodes(data)
-            sampled += data.numel()
-            n_trained, losses = learner.learn(data)
-            trained += n_trained
-            t2 = time.perf_counter()
-            if n_trained or learner.always_sync:
-                sync_weights(collector)
-            t3 = time.perf_counter()
-            values = {M.TIME_SAMPLE_S: t1 - t0, M.TIME_LEARN_S: t2 - t1, M.TIME_SYNC_WEIGHTS_S: t3 - t2, **losses}
-            sink.point(
-                env_steps_sampled=sampled,
-                env_steps_trained=trained,
-                episode_returns=returns,
-                episode_lengths=lengths,
-                values=values,
-            )
+
+Episodes = Callable[[TensorDictBase], tuple[list[float], list[int], dict[str, float]]]
+
+
+def single_agent_episodes(data: TensorDictBase) -> tuple[list[float], list[int], dict[str, float]]:
+    """:func:`completed_episodes`, with no values beside them."""
+    returns, lengths = completed_episodes(data)
+    return returns, lengths, {}
+
+
+def train_loop(*, collector: Any, learner: Any, sink: MetricSink, episodes: Episodes = single_agent_episodes) -> None:
+    """Sample, learn, sync weights, report; until the sink's budget is spent. ``episodes(data)``: the returns and
+    lengths of the episodes that ended in a batch, and values to report beside them (a multi-agent env's
+    per-agent returns)."""
+    batches = iter(collector)
+    sampled = trained = 0
+    while not sink.exhausted:
+        t0 = time.perf_counter()
+        try:
+            data = next(batches)
+        except Exception:
+            check_workers(collector)  # TorchRL's own "At least one process failed": say which and how
+            raise
+        t1 = time.perf_counter()
+        returns, lengths, episode_values = episodes(data)
+        sampled += data.numel()
+        n_trained, losses = learner.learn(data)
+        trained += n_trained
+        t2 = time.perf_counter()
+        if n_trained or learner.always_sync:
+            sync_weights(collector)
+        t3 = time.perf_counter()
+        values = {
+            M.TIME_SAMPLE_S: t1 - t0,
+            M.TIME_LEARN_S: t2 - t1,
+            M.TIME_SYNC_WEIGHTS_S: t3 - t2,
+            **losses,
+            **episode_values,
+        }
+        sink.point(
+            env_steps_sampled=sampled,
+            env_steps_trained=trained,
+            episode_returns=returns,
+            episode_lengths=lengths,
+            values=values,
+        )

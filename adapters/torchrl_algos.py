@@ -103,6 +103,36 @@ def as_float(x: torch.Tensor | None) -> float:
     return float(x.detach().mean()) if x is not None else math.nan
 
 
+def loss_step(
+    loss: Any,
+    batch: TensorDictBase,
+    *,
+    optim: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    grad_clip: float,
+    vf_coeff: float,
+) -> dict[str, float]:
+    """One gradient step of an actor-critic loss (``ClipPPOLoss`` / ``A2CLoss``) on ``batch``; its stats."""
+    out = loss(batch)
+    total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
+    total.backward()
+    grad_norm = clip_and_step(optim, params, grad_clip)
+    # TorchRL's loss_critic is already scaled by critic_coeff; report the raw squared error.
+    value_loss = as_float(out["loss_critic"]) / vf_coeff if vf_coeff > 0 else math.nan
+    stats = {
+        M.POLICY_LOSS: as_float(out["loss_objective"]),
+        M.VALUE_LOSS: value_loss,
+        M.ENTROPY: as_float(out.get("entropy")),
+    }
+    stats[M.DIAG_GRAD_NORM] = grad_norm
+    # ClipPPOLoss's own diagnostics: kl_approx is the mean of log(pi_old / pi_new) (crossrl's core
+    # reports the k3 estimate, RLlib its mean KL); clip_fraction as crossrl's.
+    for name, key in ((M.DIAG_APPROX_KL, "kl_approx"), (M.DIAG_CLIP_FRAC, "clip_fraction")):
+        if key in out.keys():  # noqa: SIM118 - TensorDict refuses `key in td`
+            stats[name] = as_float(out[key])
+    return stats
+
+
 class OnPolicyLearner:
     """PPO (ClipPPOLoss + GAE, epochs x minibatches), A2C/A3C (A2CLoss + GAE, one step per batch), or
     IMPALA (A2CLoss with the VTrace estimator, one step per ``train_batch`` env steps accumulated)."""
@@ -177,24 +207,8 @@ class OnPolicyLearner:
         return flat.numel(), mean_stats(stats)
 
     def _step(self, batch: TensorDictBase) -> dict[str, float]:
-        out = self.loss(batch)
-        total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
-        total.backward()
-        grad_norm = clip_and_step(self.optim, self.params, self.grad_clip)
-        # TorchRL's loss_critic is already scaled by critic_coeff; report the raw squared error.
-        value_loss = as_float(out["loss_critic"]) / self.vf_coeff if self.vf_coeff > 0 else math.nan
-        stats = {
-            M.POLICY_LOSS: as_float(out["loss_objective"]),
-            M.VALUE_LOSS: value_loss,
-            M.ENTROPY: as_float(out.get("entropy")),
-        }
-        stats[M.DIAG_GRAD_NORM] = grad_norm
-        # ClipPPOLoss's own diagnostics: kl_approx is the mean of log(pi_old / pi_new) (crossrl's core
-        # reports the k3 estimate, RLlib its mean KL); clip_fraction as crossrl's.
-        for name, key in ((M.DIAG_APPROX_KL, "kl_approx"), (M.DIAG_CLIP_FRAC, "clip_fraction")):
-            if key in out.keys():  # noqa: SIM118 - TensorDict refuses `key in td`
-                stats[name] = as_float(out[key])
-        return stats
+        return loss_step(self.loss, batch, optim=self.optim, params=self.params, grad_clip=self.grad_clip,
+                         vf_coeff=self.vf_coeff)  # fmt: skip
 
     def native(self) -> dict[str, Any]:
         return {

@@ -35,7 +35,7 @@ from torchrl.objectives import A2CLoss, ClipPPOLoss
 from torchrl.objectives.value import GAE
 
 from crossrl.adapters.base import MetricSink
-from crossrl.adapters.torchrl_algos import as_float, clip_and_step
+from crossrl.adapters.torchrl_algos import loss_step
 from crossrl.core.envs import make_parallel_env
 from crossrl.core.maths import mean_stats
 from crossrl.core.models import activation_class, count_params
@@ -308,21 +308,8 @@ class GroupLearner:
         return mean_stats(stats)
 
     def _step(self, batch: TensorDictBase) -> dict[str, float]:
-        out = self.loss(batch)
-        total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
-        total.backward()
-        grad_norm = clip_and_step(self.optim, self.params, self.grad_clip)
-        value_loss = as_float(out["loss_critic"]) / self.vf_coeff if self.vf_coeff > 0 else math.nan
-        stats = {
-            M.POLICY_LOSS: as_float(out["loss_objective"]),
-            M.VALUE_LOSS: value_loss,
-            M.ENTROPY: as_float(out.get("entropy")),
-        }
-        stats[M.DIAG_GRAD_NORM] = grad_norm
-        for name, key in ((M.DIAG_APPROX_KL, "kl_approx"), (M.DIAG_CLIP_FRAC, "clip_fraction")):
-            if key in out.keys():  # noqa: SIM118 - TensorDict refuses `key in td`
-                stats[name] = as_float(out[key])
-        return stats
+        return loss_step(self.loss, batch, optim=self.optim, params=self.params, grad_clip=self.grad_clip,
+                         vf_coeff=self.vf_coeff)  # fmt: skip
 
     def param_count(self) -> int:
         """Trainable parameters of the group's actor and critic (one MLP each, shared by its agents)."""
@@ -407,11 +394,10 @@ class TorchrlMultiAgentAdapter:
 
 def run_multi_agent(trial: Trial, sink: MetricSink, tags: dict[str, str]) -> None:
     """The trial loop of :class:`TorchrlMultiAgentAdapter` (``tags``: the Ray cluster's, when the trial names one)."""
-    import time
 
     import torchrl
 
-    from crossrl.adapters.torchrl import check_workers, mapping_for, sync_weights
+    from crossrl.adapters.torchrl import mapping_for, train_loop
 
     dims = ma_env_dims(trial.env)
     learner = MultiAgentLearner(trial=trial, dims=dims)
@@ -440,36 +426,11 @@ def run_multi_agent(trial: Trial, sink: MetricSink, tags: dict[str, str]) -> Non
             }
         )  # fmt: skip
         sink.start_clock()
-        batches = iter(collector)
-        sampled = trained = 0
-        while not sink.exhausted:
-            t0 = time.perf_counter()
-            try:
-                data = next(batches)
-            except Exception:
-                check_workers(collector)
-                raise
-            t1 = time.perf_counter()
+
+        def episodes(data: TensorDictBase) -> tuple[list[float], list[int], dict[str, float]]:
             returns, lengths, agent_returns = completed_ma_episodes(data, groups)
-            sampled += data.numel()
-            n_trained, losses = learner.learn(data)
-            trained += n_trained
-            t2 = time.perf_counter()
-            sync_weights(collector)
-            t3 = time.perf_counter()
-            values = {
-                M.TIME_SAMPLE_S: t1 - t0,
-                M.TIME_LEARN_S: t2 - t1,
-                M.TIME_SYNC_WEIGHTS_S: t3 - t2,
-                **losses,
-                **M.agent_return_values(agent_returns),
-            }
-            sink.point(
-                env_steps_sampled=sampled,
-                env_steps_trained=trained,
-                episode_returns=returns,
-                episode_lengths=lengths,
-                values=values,
-            )
+            return returns, lengths, M.agent_return_values(agent_returns)
+
+        train_loop(collector=collector, learner=learner, sink=sink, episodes=episodes)
     finally:
         collector.shutdown()

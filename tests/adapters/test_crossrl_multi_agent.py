@@ -19,6 +19,7 @@ def test_impala_on_async_samples_over_a_policy_map(agents: str) -> None:
     spec, _ = load(
         "ma-smoke",
         overrides={
+            "engines": ["crossrl"],
             "env.agents": agents,
             "algorithm.name": "impala",
             "algorithm.hyperparams": {"train_batch": 200, "rollout_fragment": 25},

@@ -4,11 +4,11 @@ policy reports its losses, batches count env steps, and a policy's RLModule has 
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from ma_points import AGENTS, GROUPS, check_points
 
 from crossrl.adapters import rllib as R
 from crossrl.adapters import rllib_multi as RM
@@ -16,14 +16,10 @@ from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import BUILTIN, unsupported
 from crossrl.core import algorithms
 from crossrl.core.envs import agent_spaces, make_parallel_env
-from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import load
 from crossrl.scenarios.spec import Trial
 
 pytestmark = pytest.mark.integration
-
-AGENTS = ("agent_0", "agent_1", "agent_2")
-GROUPS = {"a": ["agent_0", "agent_1"], "b": ["agent_2"]}
 
 
 def ma_trial(agents: Any = "shared", *, workers: int = 1) -> Trial:
@@ -50,22 +46,7 @@ def run_and_check(trial: Trial, policies: dict[str, list[str]]) -> ListSink:
     )
     assert "__all__" in native["episode_end"] and native["rollout_fragment_length"] == "auto"
 
-    points = sink.points
-    assert points[-1][M.ENV_STEPS_SAMPLED] >= trial.budget.env_steps
-    # train_batch 400 env steps (not agent steps) per iteration: 1200 agent steps with 3 agents
-    assert [p[M.ENV_STEPS_SAMPLED] for p in points] == [400.0 * (i + 1) for i in range(len(points))]
-    with_return = [p for p in points if M.EPISODE_RETURN_MEAN in p]
-    assert with_return, "no episode completed"
-    for p in with_return:
-        per_agent = [p[M.agent_metric(a)] for a in AGENTS]
-        assert p[M.EPISODE_RETURN_MEAN] == pytest.approx(sum(per_agent), rel=1e-5)
-        assert p[M.EPISODE_RETURN_MEAN] < 0  # simple_spread pays negative distances
-        assert p[M.EPISODE_LEN_MEAN] == 25  # max_cycles: every agent truncated at once
-    for p in points:
-        for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY):
-            own = [p[M.policy_metric(pid, name)] for pid in policies]
-            assert all(math.isfinite(v) for v in own)
-            assert p[name] == pytest.approx(sum(own) / len(own))  # the headline: the mean over policies
+    check_points(sink.points, budget=trial.budget.env_steps or 0, policies=policies)
     return sink
 
 

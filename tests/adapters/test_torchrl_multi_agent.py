@@ -4,12 +4,12 @@ returns, every policy reports its losses, and a policy's networks have crossrl's
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import psutil
 import pytest
 import torch
+from ma_points import AGENTS, GROUPS, check_points
 from tensordict import TensorDict
 
 from crossrl.adapters.base import ListSink
@@ -19,14 +19,10 @@ from crossrl.adapters.torchrl_multi import GroupLearner, completed_ma_episodes, 
 from crossrl.core import algorithms
 from crossrl.core.envs import agent_spaces, make_parallel_env
 from crossrl.core.models import build_mlp, count_params
-from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import load
 from crossrl.scenarios.spec import Trial
 
 pytestmark = pytest.mark.integration
-
-AGENTS = ("agent_0", "agent_1", "agent_2")
-GROUPS = {"a": ["agent_0", "agent_1"], "b": ["agent_2"]}
 
 
 def ma_trial(agents: Any = "shared", *, workers: int = 1, algorithm: str = "ppo") -> Trial:
@@ -49,21 +45,7 @@ def run_and_check(trial: Trial, policies: dict[str, list[str]]) -> ListSink:
     assert native["collector"]["kwargs"]["frames_per_batch"] == frames_per_batch(trial) == 400  # env steps
     assert "done_on_any=False" in native["env"] and "all agents are done" in native["episode_end"]
 
-    points = sink.points
-    assert points[-1][M.ENV_STEPS_SAMPLED] >= trial.budget.env_steps
-    assert [p[M.ENV_STEPS_SAMPLED] for p in points] == [400.0 * (i + 1) for i in range(len(points))]
-    with_return = [p for p in points if M.EPISODE_RETURN_MEAN in p]
-    assert with_return, "no episode completed"
-    for p in with_return:
-        per_agent = [p[M.agent_metric(a)] for a in AGENTS]
-        assert p[M.EPISODE_RETURN_MEAN] == pytest.approx(sum(per_agent), rel=1e-5)
-        assert p[M.EPISODE_RETURN_MEAN] < 0  # simple_spread pays negative distances
-        assert p[M.EPISODE_LEN_MEAN] == 25  # max_cycles: every agent truncated at once
-    for p in points:
-        for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY):
-            own = [p[M.policy_metric(pid, name)] for pid in policies]
-            assert all(math.isfinite(v) for v in own)
-            assert p[name] == pytest.approx(sum(own) / len(own))  # the headline: the mean over policies
+    check_points(sink.points, budget=trial.budget.env_steps or 0, policies=policies)
     return sink
 
 
