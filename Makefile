@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.stamp-install
 PYTEST_FLAGS ?=
 K ?=
 
-.PHONY: install demo test test-cluster test-fast lint learning-tests chromium ui clean
+.PHONY: install demo test test-cluster test-fast lint learning-tests ab-gate ab-power chromium ui clean
 
 install: $(STAMP)
 
@@ -59,6 +59,19 @@ test-fast: install
 # K selects cases by pytest -k expression: make learning-tests K="crossrl and (ppo or a2c or dqn)"
 learning-tests: install
 	$(BIN)/pytest -m learning -s --timeout 7200 tests/learning tests/core $(if $(K),-k "$(K)") $(PYTEST_FLAGS)
+
+# The paired A/B gate: BASE (a git revision with the same pinned requirements) and this work tree measured
+# alternately on this machine; exit 1 on a regression. AB_FLAGS: more `crossrl ab` options.
+BASE ?= origin/main
+AB_FLAGS ?=
+ab-gate: install
+	$(BIN)/crossrl ab $(BASE) $(AB_FLAGS) --markdown crossrl-results/ci/ab.md --junit crossrl-results/ci/ab.xml
+
+# The gate's power on this machine: RUNS gate runs with a planted slowdown of PLANT, RUNS on identical code.
+RUNS ?= 10
+PLANT ?= 0.05
+ab-power: install
+	$(BIN)/python tests/bench/ab_power.py --runs $(RUNS) --plant $(PLANT) --out crossrl-results/ab-power
 
 demo: install
 	$(BIN)/crossrl run demo --skip-unsupported; status=$$?; \

@@ -30,6 +30,8 @@ TrackingUri = Annotated[
     typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: embedded store)"),
 ]
 ResultsDir = Annotated[Path, typer.Option("--results-dir", help="folder of the embedded store (sqlite + artifacts)")]
+JsonOut = Annotated[Path | None, typer.Option("--json", help="also write the figures as JSON")]
+NoStore = Annotated[bool, typer.Option("--no-store", help="do not log the figures to the store")]
 
 
 def _console() -> Any:
@@ -420,6 +422,85 @@ def regress(
     raise typer.Exit(code)
 
 
+@app.command()
+def ab(
+    base: Annotated[str, typer.Argument(help="base git revision (e.g. origin/main); the head is this work tree")],
+    scenario: Annotated[
+        str, typer.Option("--scenario", help="take the env and the model from this scenario")
+    ] = "smoke",
+    engines_: Annotated[str, typer.Option("--engines", help="engines to compare, e.g. crossrl,rllib")] = "crossrl",
+    workers: Annotated[str, typer.Option("--workers", help="worker counts, e.g. 1,2")] = "1",
+    envs_per_worker: Annotated[int, typer.Option("--envs-per-worker")] = 8,
+    seconds: Annotated[float, typer.Option("--seconds", help="timed seconds per measurement")] = 4.0,
+    threshold: Annotated[
+        float, typer.Option("--threshold", help="REGRESSION when the whole CI of head/base lies below this")
+    ] = 0.98,
+    precision: Annotated[
+        float, typer.Option("--precision", help="add pairs until every CI is within +- this (0.01: 1 %)")
+    ] = 0.01,
+    min_pairs: Annotated[int, typer.Option("--min-pairs")] = 6,
+    max_pairs: Annotated[int, typer.Option("--max-pairs")] = 60,
+    max_minutes: Annotated[float, typer.Option("--max-minutes", help="start no pair that would end later")] = 9.0,
+    plant_slowdown: Annotated[
+        float, typer.Option("--plant-slowdown", hidden=True, help="test-only: the head burns this fraction more CPU")
+    ] = 0.0,
+    markdown_out: Annotated[Path | None, typer.Option("--markdown", help="also write the table here")] = None,
+    junit_out: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
+    json_out: JsonOut = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    no_store: NoStore = False,
+) -> None:
+    """Paired A/B gate: BASE and this work tree measured alternately on this machine, head/base ratio with a CI.
+
+    Exit 0: no regression; 1: a regression; 2: unusable input (unknown revision, other pinned requirements).
+    """
+    from crossrl.adapters.bench.ab import ABError, markdown, run_ab
+    from crossrl.adapters.bench.commands import SAMPLING_ENGINES
+    from crossrl.reports.regress import junit_xml
+
+    engines = tuple(e.strip() for e in engines_.split(",") if e.strip())
+    unknown = [e for e in engines if e not in SAMPLING_ENGINES]
+    if unknown or not engines:
+        _fail([f"--engines: unknown {unknown or engines_!r}; known: {', '.join(SAMPLING_ENGINES)}"])
+    if envs_per_worker < 1 or seconds <= 0 or max_minutes <= 0 or not 0 < precision < 1 or plant_slowdown < 0:
+        _fail(["--envs-per-worker must be >= 1; --seconds, --max-minutes > 0; --precision between 0 and 1"])
+    loaded, _ = _load(scenario)
+    console = _console()
+    try:
+        result = run_ab(
+            base,
+            env_spec=loaded.env,
+            model=loaded.algorithm.model,
+            engines=engines,
+            workers=tuple(_csv_ints(workers, "--workers") or ()),
+            envs_per_worker=envs_per_worker,
+            seconds=seconds,
+            threshold=threshold,
+            precision=precision,
+            min_pairs=min_pairs,
+            max_pairs=max_pairs,
+            max_seconds=max_minutes * 60,
+            plant_slowdown=plant_slowdown,
+            progress=console.print,
+        )
+    except ABError as e:
+        _fail([str(e)])
+    md = markdown(result)
+    typer.echo(md)
+    if markdown_out:
+        markdown_out.parent.mkdir(parents=True, exist_ok=True)
+        markdown_out.write_text(md)
+    if junit_out:
+        junit_out.parent.mkdir(parents=True, exist_ok=True)
+        junit_out.write_text(junit_xml(result.comparisons(), suite="crossrl ab"))
+    if json_out:
+        result.to_json(json_out)
+    if not no_store:
+        _store_bench("ab", result, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
+    raise typer.Exit(1 if result.regressions() else 0)
+
+
 baseline_app = typer.Typer(help="Baselines for `crossrl regress`.", no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")
 
@@ -458,8 +539,6 @@ bench_app = typer.Typer(
     help="Benchmarks, measured side by side in one run (ratios, not absolute speeds).", no_args_is_help=True
 )
 app.add_typer(bench_app, name="bench")
-JsonOut = Annotated[Path | None, typer.Option("--json", help="also write the figures as JSON")]
-NoStore = Annotated[bool, typer.Option("--no-store", help="do not log the figures to the store")]
 
 
 def _emit_bench(

@@ -31,6 +31,18 @@ from crossrl.scenarios.spec import EnvSpec
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# Test-only: a slowdown planted in the sampling loop, to measure the A/B gate's power (docs/performance.md,
+# "The A/B gate's power"). ``sample`` then burns this fraction of its own CPU time on top. 0: off.
+PLANTED_SLOWDOWN_ENV = "CROSSRL_PLANTED_SLOWDOWN"
+_PLANTED_SLOWDOWN = float(os.environ.get(PLANTED_SLOWDOWN_ENV) or 0.0)
+
+
+def _burn_cpu(seconds: float) -> None:
+    """Spin until this thread has used ``seconds`` more CPU time (busy work that waiting cannot hide)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
 
 class PolicyEvaluator:
     """Env + policy. ``worker_index`` 0 is the driver's local copy; remote actors are 1..n."""
@@ -81,6 +93,7 @@ class PolicyEvaluator:
         """
         if num_steps < 1:
             raise ValueError(f"sample: num_steps={num_steps} must be >= 1")
+        cpu0 = time.thread_time() if _PLANTED_SLOWDOWN else 0.0
         if weights is not None and (version is None or version != self.weights_version):
             self.set_weights(weights, version)
         if epsilon is not None:
@@ -117,7 +130,10 @@ class PolicyEvaluator:
             }
         )
         batch = SampleBatch(cols, time_major=True, episode_returns=ep_returns, episode_lengths=ep_lengths)
-        return self.policy.postprocess_trajectory(batch)
+        batch = self.policy.postprocess_trajectory(batch)
+        if _PLANTED_SLOWDOWN:
+            _burn_cpu(_PLANTED_SLOWDOWN * (time.thread_time() - cpu0))
+        return batch
 
     def sample_packed(self, *args: Any) -> bytes:
         """:meth:`sample` as remote callers use it: its arguments positionally (``num_steps, weights, version,

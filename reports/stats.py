@@ -73,6 +73,36 @@ def stratified_bootstrap_ci(
     return (float(lo), float(hi))
 
 
+@dataclass(frozen=True)
+class PairedRatio:
+    """A ratio of paired measurements: the IQM of the per-pair ratios (in log terms) and its CI."""
+
+    ratio: float
+    lo: float
+    hi: float
+    pairs: int
+
+
+def paired_ratio_ci(
+    x: ArrayLike, y: ArrayLike, *, rng: np.random.Generator, reps: int = BOOTSTRAP_REPS, confidence: float = CONFIDENCE
+) -> PairedRatio:
+    """x/y over pairs ``(x[i], y[i])`` measured together: exp(IQM(log(x/y))) and its paired percentile-bootstrap CI.
+
+    The pairs are resampled as units (one stratum of per-pair log ratios), so what the two sides shared
+    (the machine's load while the pair ran) cancels. The IQM, the report's own point estimate, keeps a pair
+    that another job disturbed from moving the estimate; in log terms x/y and y/x are reciprocal. With one
+    pair the CI is (nan, nan).
+    """
+    xa, ya = np.asarray(x, dtype=float).ravel(), np.asarray(y, dtype=float).ravel()
+    if xa.shape != ya.shape or xa.size == 0:
+        raise ValueError(f"paired_ratio_ci: {xa.size} and {ya.size} values are not pairs")
+    if not (np.all(xa > 0) and np.all(ya > 0)):
+        raise ValueError("paired_ratio_ci: every value must be > 0")
+    logs = np.log(xa / ya)
+    lo, hi = stratified_bootstrap_ci([logs], statistic=_iqm_last, rng=rng, reps=reps, confidence=confidence)
+    return PairedRatio(float(np.exp(iqm(logs))), float(np.exp(lo)), float(np.exp(hi)), int(xa.size))
+
+
 def probability_of_improvement(x: ArrayLike, y: ArrayLike) -> float:
     """P(X > Y) as rliable defines it for one task: the Mann-Whitney U statistic over all pairs / (n_x n_y).
 

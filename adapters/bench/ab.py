@@ -1,0 +1,423 @@
+"""The paired A/B gate (``crossrl ab BASE``): the base commit and the working tree measured side by side.
+
+A stored baseline from another day and host cannot see a 5 % slowdown on a shared machine; a paired run
+can. ``BASE`` is extracted from git into a temporary directory (``git archive``, nothing else in the
+repository is touched) and run from the same Python environment, which is allowed only when its pinned
+requirements (``requirements.txt``, ``constraints.txt``, ``pyproject.toml``'s dependencies) are those of
+the working tree. Then, per engine and worker count, base and head are measured in pairs, alternating
+which goes first (A B, B A, A B, ...: an order effect cancels), each measurement a fresh process with
+its own warm-up (the sampling bench's :func:`~crossrl.adapters.bench.samplers.measure`, the base's own
+code in the base's process).
+
+What is compared is **env steps per CPU-second** of the measured processes (the driver and the processes
+that step the envs): what a code change costs per step, which other jobs on a shared machine dilute far
+less than wall time (docs/performance.md, "The A/B gate"). Wall-clock steps/s is measured and reported
+beside it. Each pair gives a head/base ratio; their IQM (in log terms, the report's own estimate) is the
+estimate and a paired percentile bootstrap over pairs (:func:`crossrl.reports.stats.paired_ratio_ci`) its
+95 % CI. Pairs are
+added until every CI is narrow enough (half-width at most ``precision``) or the time limit would be
+passed; the result says which. Verdict per (engine, workers): REGRESSION when the whole CI lies below
+``threshold``, improved when it lies above ``1 / threshold``, ok otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossrl.adapters.bench.commands import auto_fragment
+from crossrl.adapters.bench.samplers import DEFAULT_MODEL, measure
+from crossrl.core.evaluator import PLANTED_SLOWDOWN_ENV
+from crossrl.reports.regress import IMPROVED, OK, REGRESSION, Comparison
+from crossrl.reports.stats import PairedRatio, paired_ratio_ci
+from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+REQUIREMENT_FILES = ("requirements.txt", "constraints.txt")
+METRIC = "env steps per CPU-second"
+WALL_METRIC = "env steps/s (wall)"
+Progress = Callable[[str], None]
+
+
+class ABError(Exception):
+    """The gate cannot run: an unknown revision, other requirements, a base that cannot be measured (exit 2)."""
+
+
+def _git(repo: Path, *args: str) -> str:
+    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ABError(
+            f"git {' '.join(args)}: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'failed'}"
+        )
+    return proc.stdout
+
+
+def repo_root(package_dir: Path | None = None) -> Path:
+    """The git work tree that holds the running crossrl (the head of the comparison)."""
+    here = package_dir or Path(__file__).resolve().parents[2]
+    try:
+        return Path(_git(here, "rev-parse", "--show-toplevel").strip())
+    except ABError:
+        raise ABError(f"crossrl at {here} is not in a git work tree: the A/B gate needs the repository") from None
+
+
+def resolve(repo: Path, rev: str) -> str:
+    """The commit id of ``rev`` in ``repo``; ABError (one line) when there is none."""
+    try:
+        return _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}").strip()
+    except ABError:
+        raise ABError(
+            f"base revision {rev!r} is not a commit of {repo} (fetch it first, e.g. git fetch origin main)"
+        ) from None
+
+
+def _pyproject_deps(text: str) -> dict[str, Any]:
+    project = tomllib.loads(text).get("project", {})
+    return {"dependencies": project.get("dependencies", []), "optional": project.get("optional-dependencies", {})}
+
+
+def requirement_differences(repo: Path, commit: str) -> list[str]:
+    """The requirement files in which ``commit`` differs from the work tree (empty: the same pinned set)."""
+    out = []
+    for name in REQUIREMENT_FILES:
+        head = (repo / name).read_text() if (repo / name).exists() else None
+        try:
+            base: str | None = _git(repo, "show", f"{commit}:{name}")
+        except ABError:
+            base = None
+        if head != base:
+            out.append(name)
+    try:
+        base_deps = _pyproject_deps(_git(repo, "show", f"{commit}:pyproject.toml"))
+    except ABError:
+        base_deps = None
+    head_deps = _pyproject_deps((repo / "pyproject.toml").read_text()) if (repo / "pyproject.toml").exists() else None
+    if base_deps != head_deps:
+        out.append("pyproject.toml dependencies")
+    return out
+
+
+@contextmanager
+def checkout(repo: Path, commit: str) -> Iterator[Path]:
+    """``commit``'s tree as an importable ``crossrl`` package: yields the directory to put on PYTHONPATH."""
+    tmp = Path(tempfile.mkdtemp(prefix="crossrl-ab-base-"))
+    try:
+        pkg = tmp / "crossrl"
+        pkg.mkdir()
+        archive = subprocess.Popen(["git", "-C", str(repo), "archive", commit], stdout=subprocess.PIPE)
+        tar = subprocess.run(["tar", "-x", "-C", str(pkg)], stdin=archive.stdout, capture_output=True)
+        if archive.stdout is not None:
+            archive.stdout.close()
+        if archive.wait() != 0 or tar.returncode != 0:
+            raise ABError(f"could not extract {commit[:12]} from {repo}: {tar.stderr.decode(errors='replace')[-200:]}")
+        if not (pkg / "adapters" / "bench" / "_child.py").exists():
+            raise ABError(f"base {commit[:12]} has no sampling bench (adapters/bench/_child.py): it cannot be measured")
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def _environ(extra: dict[str, str]) -> Iterator[None]:
+    """``extra`` set in os.environ for the measurement processes started meanwhile (they copy it)."""
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@dataclass
+class Measurement:
+    """One process's figures: env steps/s over the timed window and env steps per CPU-second."""
+
+    steps_per_s: float
+    steps_per_cpu_s: float
+    cpus: float  # CPU-seconds per wall second of the measured processes while timed
+
+
+@dataclass
+class Pair:
+    base: Measurement
+    head: Measurement
+    first: str  # "base" or "head": which was measured first
+
+    @property
+    def ratio(self) -> float:
+        return self.head.steps_per_cpu_s / self.base.steps_per_cpu_s
+
+    @property
+    def wall_ratio(self) -> float:
+        return self.head.steps_per_s / self.base.steps_per_s
+
+
+@dataclass
+class Cell:
+    """One engine at one worker count: its pairs, and (once computed) its ratios and verdict."""
+
+    engine: str
+    workers: int
+    pairs: list[Pair] = field(default_factory=list)
+    ratio: PairedRatio | None = None
+    wall_ratio: PairedRatio | None = None
+    verdict: str = OK
+
+    @property
+    def key(self) -> str:
+        return f"{self.engine}/w{self.workers}"
+
+    def half_width(self) -> float:
+        """Half the CI's width in log terms (0.01: about +-1 %); inf before there is a CI."""
+        r = self.ratio
+        if r is None or not (r.lo > 0 and r.hi > 0):
+            return math.inf
+        return (math.log(r.hi) - math.log(r.lo)) / 2
+
+
+def measurement(result: Any) -> Measurement:
+    """A :class:`~crossrl.adapters.bench.samplers.SamplerResult` (one window) as a :class:`Measurement`."""
+    sps = float(result.steps_per_s[0])
+    cpu = result.cpu or {}
+    cpus = float(cpu.get("workers_cpus", 0.0)) + float(cpu.get("driver_cpus", 0.0))
+    if not cpus > 0:
+        raise ABError(f"{result.engine}: the measurement reported no CPU time for its processes")
+    return Measurement(steps_per_s=sps, steps_per_cpu_s=sps / cpus, cpus=cpus)
+
+
+def verdict(r: PairedRatio, threshold: float) -> str:
+    """REGRESSION: the whole CI below ``threshold``; improved: the whole CI above ``1 / threshold``; else ok."""
+    if r.hi < threshold:
+        return REGRESSION
+    if r.lo > 1 / threshold:
+        return IMPROVED
+    return OK
+
+
+@dataclass
+class ABResult:
+    base_rev: str
+    base_commit: str
+    head_commit: str
+    head_dirty: bool
+    env_id: str
+    conditions: dict[str, Any]
+    cells: list[Cell]
+    stop_reason: str
+    elapsed_s: float
+
+    def regressions(self) -> list[Cell]:
+        return [c for c in self.cells if c.verdict == REGRESSION]
+
+    @property
+    def head_label(self) -> str:
+        return f"{self.head_commit[:12]}{' + uncommitted changes' if self.head_dirty else ''}"
+
+    def comparisons(self) -> list[Comparison]:
+        """One row per cell, in ``crossrl regress``'s shape (its Markdown and JUnit writers take them)."""
+        out = []
+        for c in self.cells:
+            r, w = c.ratio, c.wall_ratio
+            assert r is not None and w is not None
+            base = float(np.median([p.base.steps_per_cpu_s for p in c.pairs]))
+            head = float(np.median([p.head.steps_per_cpu_s for p in c.pairs]))
+            detail = (
+                f"{len(c.pairs)} pairs; wall steps/s ratio {w.ratio:.3f} [{w.lo:.3f}, {w.hi:.3f}]; "
+                f"threshold {self.conditions['threshold']:g}"
+            )
+            change = f"{r.ratio:.3f} [{r.lo:.3f}, {r.hi:.3f}]"
+            out.append(Comparison(c.key, METRIC, f"{base:,.0f}", f"{head:,.0f}", change, c.verdict, detail))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "base_rev": self.base_rev,
+            "base_commit": self.base_commit,
+            "head_commit": self.head_commit,
+            "head_dirty": self.head_dirty,
+            "env_id": self.env_id,
+            "conditions": self.conditions,
+            "stop_reason": self.stop_reason,
+            "elapsed_s": self.elapsed_s,
+            "cells": [
+                {
+                    "engine": c.engine,
+                    "workers": c.workers,
+                    "verdict": c.verdict,
+                    "ratio": asdict(c.ratio) if c.ratio else None,
+                    "wall_ratio": asdict(c.wall_ratio) if c.wall_ratio else None,
+                    "pairs": [asdict(p) for p in c.pairs],
+                }
+                for c in self.cells
+            ],
+        }
+
+    def to_json(self, path: Path) -> Path:
+        from crossrl.adapters.bench.results import _write
+
+        return _write(path, "ab", self.to_dict())
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {"elapsed_s": self.elapsed_s}
+        for c in self.cells:
+            if c.ratio is not None and c.wall_ratio is not None:
+                k = f"{c.engine}.w{c.workers}"
+                out |= {f"{k}.ratio": c.ratio.ratio, f"{k}.ratio_lo": c.ratio.lo, f"{k}.ratio_hi": c.ratio.hi,
+                        f"{k}.wall_ratio": c.wall_ratio.ratio, f"{k}.pairs": float(len(c.pairs))}  # fmt: skip
+        return out
+
+
+def run_ab(
+    base_rev: str,
+    *,
+    env_spec: EnvSpec,
+    model: ModelSpec = DEFAULT_MODEL,
+    engines: Sequence[str] = ("crossrl",),
+    workers: Sequence[int] = (1,),
+    envs_per_worker: int = 8,
+    seconds: float = 4.0,
+    warmup_s: float = 2.0,
+    threshold: float = 0.98,
+    precision: float = 0.01,
+    min_pairs: int = 6,
+    max_pairs: int = 60,
+    max_seconds: float = 540.0,
+    plant_slowdown: float = 0.0,
+    seed: int = 0,
+    repo: Path | None = None,
+    progress: Progress | None = None,
+) -> ABResult:
+    """Measure ``base_rev`` against the running crossrl's work tree; see the module's docstring.
+
+    ``max_seconds``: no new pair is started when it would end past this (the estimate: the slowest pair so
+    far). ``plant_slowdown`` (test-only, for the gate's power): the head's evaluators burn that fraction more
+    CPU per sample call (``crossrl.core.evaluator``).
+    """
+    if not 0 < threshold < 1:
+        raise ABError(f"--threshold {threshold:g} must lie between 0 and 1 (0.98: flag a 2 % slowdown)")
+    if min_pairs < 2 or max_pairs < min_pairs:
+        raise ABError(f"--min-pairs {min_pairs} must be >= 2 and at most --max-pairs {max_pairs}")
+    t_start = time.monotonic()
+    repo = repo or repo_root()
+    commit = resolve(repo, base_rev)
+    differ = requirement_differences(repo, commit)
+    if differ:
+        raise ABError(
+            f"base {base_rev} ({commit[:12]}) pins other requirements ({', '.join(differ)}): "
+            "it cannot run from this environment; compare commits with the same pinned set"
+        )
+    head_commit = _git(repo, "rev-parse", "HEAD").strip()
+    head_dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no").strip())
+    cells = [Cell(e, w) for e in engines for w in workers]
+    rng = np.random.default_rng(seed)
+
+    def one(cell: Cell, side: str, base_path: Path) -> Measurement:
+        extra = {"PYTHONPATH": str(base_path)} if side == "base" else {}
+        if side == "head" and plant_slowdown:
+            extra[PLANTED_SLOWDOWN_ENV] = repr(plant_slowdown)
+        with _environ(extra):
+            res = measure(
+                cell.engine,
+                env_spec=env_spec,
+                workers=cell.workers,
+                envs_per_worker=envs_per_worker,
+                model=model,
+                seconds=seconds,
+                warmup_s=warmup_s,
+                fragment=auto_fragment(cell.workers, envs_per_worker),
+                optimizer="sync_samples" if cell.engine == "crossrl" else None,
+            )
+        return measurement(res)
+
+    stop_reason = f"--max-pairs {max_pairs} reached"
+    slowest_pair = 0.0
+    with checkout(repo, commit) as base_path:
+        for i in range(max_pairs):
+            t_pair = time.monotonic()
+            order = ("base", "head") if i % 2 == 0 else ("head", "base")
+            for cell in cells:
+                got: dict[str, Measurement] = {}
+                for side in order:
+                    try:
+                        got[side] = one(cell, side, base_path)
+                    except ABError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - a measurement that fails ends the gate with its log
+                        raise ABError(f"{side} ({cell.key}) could not be measured: {str(e).strip()[-600:]}") from e
+                cell.pairs.append(Pair(base=got["base"], head=got["head"], first=order[0]))
+                cell.ratio = paired_ratio_ci(
+                    [p.head.steps_per_cpu_s for p in cell.pairs], [p.base.steps_per_cpu_s for p in cell.pairs], rng=rng
+                )
+                cell.wall_ratio = paired_ratio_ci(
+                    [p.head.steps_per_s for p in cell.pairs], [p.base.steps_per_s for p in cell.pairs], rng=rng
+                )
+                if progress:
+                    p = cell.pairs[-1]
+                    progress(
+                        f"pair {i + 1} {cell.key}: base {p.base.steps_per_cpu_s:,.0f} head {p.head.steps_per_cpu_s:,.0f} "
+                        f"steps/CPU-s ({p.ratio:.3f}); so far {cell.ratio.ratio:.3f} "
+                        f"[{cell.ratio.lo:.3f}, {cell.ratio.hi:.3f}]"
+                    )
+            slowest_pair = max(slowest_pair, time.monotonic() - t_pair)
+            n = i + 1
+            if n >= min_pairs and all(c.half_width() <= precision for c in cells):
+                stop_reason = f"every CI narrower than +-{precision:.1%} after {n} pairs"
+                break
+            if time.monotonic() - t_start + slowest_pair > max_seconds:
+                widest = max(c.half_width() for c in cells)
+                stop_reason = (
+                    f"time limit {max_seconds:.0f} s: {n} pairs, the widest CI +-{widest:.1%} "
+                    f"(asked for +-{precision:.1%})"
+                )
+                break
+    for c in cells:
+        assert c.ratio is not None
+        c.verdict = verdict(c.ratio, threshold)
+    conditions = {
+        "engines": list(engines), "workers": list(workers), "envs_per_worker": envs_per_worker,
+        "fragment": {f"w{w}": auto_fragment(w, envs_per_worker) for w in workers}, "seconds": seconds,
+        "warmup_s": warmup_s, "threshold": threshold, "precision": precision, "min_pairs": min_pairs,
+        "max_pairs": max_pairs, "max_seconds": max_seconds, "model": model.model_dump(mode="json"),
+        "metric": METRIC, "order": "alternating (base first in odd pairs, head first in even)",
+        "machine_cores": os.cpu_count() or 1,
+    }  # fmt: skip
+    if plant_slowdown:
+        conditions["planted_slowdown"] = plant_slowdown
+    return ABResult(
+        base_rev=base_rev,
+        base_commit=commit,
+        head_commit=head_commit,
+        head_dirty=head_dirty,
+        env_id=env_spec.id,
+        conditions=conditions,
+        cells=cells,
+        stop_reason=stop_reason,
+        elapsed_s=time.monotonic() - t_start,
+    )
+
+
+def markdown(result: ABResult) -> str:
+    """The gate's table in ``crossrl regress``'s shape, with what was compared and why it stopped."""
+    from crossrl.reports.regress import markdown as table
+
+    title = f"crossrl ab: {result.head_label} against {result.base_rev} ({result.base_commit[:12]}), {result.env_id}"
+    note = (
+        f"\nhead/base ratio of {METRIC} (IQM over pairs of the per-pair ratios, paired bootstrap 95 % CI); "
+        f"stopped: {result.stop_reason}; {result.elapsed_s:.0f} s in all.\n"
+    )
+    return table(result.comparisons(), title=title) + note

@@ -1,0 +1,58 @@
+"""`crossrl ab` end to end: the base commit (HEAD, from git) and this work tree measured in pairs on a real
+Ray cluster per measurement. A planted 50 % slowdown is a REGRESSION (exit 1, JUnit failure, JSON ratio);
+the same code against itself is not; the power at 5 % is measured by `make ab-power` (docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+QUICK = ["--engines", "crossrl", "--workers", "1", "--seconds", "1.5", "--min-pairs", "2", "--max-pairs", "2"]
+
+
+def ab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "crossrl.cli", "ab", "HEAD", *QUICK, "--results-dir", str(cwd / "store"), *args],
+        cwd=cwd, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=900,
+    )  # fmt: skip
+
+
+def test_a_planted_slowdown_is_a_regression(tmp_path: Path) -> None:
+    done = ab("--plant-slowdown", "0.5", "--junit", "ab.xml", "--json", "ab.json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "**REGRESSION**" in done.stdout and "stopped: --max-pairs 2 reached" in done.stdout
+    data = json.loads((tmp_path / "ab.json").read_text())
+    (cell,) = data["cells"]
+    assert len(cell["pairs"]) == 2 and {p["first"] for p in cell["pairs"]} == {"base", "head"}  # alternated
+    assert cell["ratio"]["hi"] < 0.9  # 50 % more CPU in every sample call
+    assert data["conditions"]["planted_slowdown"] == 0.5
+    suite = ET.parse(tmp_path / "ab.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "1"
+    assert "experiment bench-ab" in done.stdout  # logged to the store
+
+
+def test_the_same_code_is_no_regression(tmp_path: Path) -> None:
+    # two pairs make a wide CI: a line at 0.9 is what two pairs can show; the 0.98 line needs the full gate
+    done = ab("--threshold", "0.9", "--json", "ab.json", "--no-store", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (cell,) = json.loads((tmp_path / "ab.json").read_text())["cells"]
+    assert cell["verdict"] != "REGRESSION"  # "improved" is possible at two pairs on a busy machine
+    assert 0.8 < cell["ratio"]["ratio"] < 1.25
+
+
+def test_a_bad_revision_exits_2_with_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "crossrl.cli", "ab", "no-such-rev", "--no-store"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2
+    lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "'no-such-rev' is not a commit" in lines[0], lines

@@ -1,0 +1,109 @@
+"""The A/B gate's parts without measuring: the paired ratio and its CI, the verdict, the requirement check
+(on a clone of this repository with a commit that pins something else), and the base's checkout."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crossrl.adapters.bench.ab import ABError, checkout, repo_root, requirement_differences, resolve, verdict
+from crossrl.reports.regress import IMPROVED, OK, REGRESSION
+from crossrl.reports.stats import PairedRatio, paired_ratio_ci
+
+speeds = st.lists(st.floats(min_value=1e2, max_value=1e6), min_size=2, max_size=30)
+
+
+@settings(max_examples=50, deadline=None)
+@given(base=speeds, factor=st.floats(min_value=0.5, max_value=2.0))
+def test_a_constant_factor_is_the_ratio_with_no_spread(base: list[float], factor: float) -> None:
+    head = [b * factor for b in base]
+    r = paired_ratio_ci(head, base, rng=np.random.default_rng(0))
+    assert r.pairs == len(base)
+    assert r.ratio == pytest.approx(factor, rel=1e-9)
+    assert r.lo == pytest.approx(factor, rel=1e-9) and r.hi == pytest.approx(factor, rel=1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(base=speeds, noise=st.lists(st.floats(min_value=0.8, max_value=1.25), min_size=30, max_size=30))
+def test_the_ratio_is_reciprocal_and_inside_its_ci(base: list[float], noise: list[float]) -> None:
+    head = [b * n for b, n in zip(base, noise, strict=False)]
+    forward = paired_ratio_ci(head, base, rng=np.random.default_rng(1))
+    backward = paired_ratio_ci(base, head, rng=np.random.default_rng(1))
+    assert forward.ratio * backward.ratio == pytest.approx(1.0)
+    assert forward.lo <= forward.ratio * (1 + 1e-9) and forward.ratio <= forward.hi * (1 + 1e-9)
+    # the pairs cancel what both sides shared: the machine's speed in each pair
+    shifted = paired_ratio_ci([h * 3 for h in head[:1]] + head[1:], [b * 3 for b in base[:1]] + base[1:],
+                              rng=np.random.default_rng(1))  # fmt: skip
+    assert shifted.ratio == pytest.approx(forward.ratio)
+
+
+def test_paired_ratio_rejects_what_is_not_pairs() -> None:
+    with pytest.raises(ValueError, match="not pairs"):
+        paired_ratio_ci([1.0, 2.0], [1.0], rng=np.random.default_rng(0))
+    with pytest.raises(ValueError, match="> 0"):
+        paired_ratio_ci([1.0, 0.0], [1.0, 1.0], rng=np.random.default_rng(0))
+    one = paired_ratio_ci([2.0], [1.0], rng=np.random.default_rng(0))
+    assert one.ratio == 2.0 and math.isnan(one.lo) and math.isnan(one.hi)
+
+
+def test_verdict_needs_the_whole_ci_past_the_line() -> None:
+    assert verdict(PairedRatio(0.95, 0.94, 0.97, 8), 0.98) == REGRESSION
+    assert verdict(PairedRatio(0.95, 0.90, 0.99, 8), 0.98) == OK  # the CI reaches over the line: not shown
+    assert verdict(PairedRatio(1.05, 1.03, 1.07, 8), 0.98) == IMPROVED  # above 1 / 0.98
+    assert verdict(PairedRatio(1.01, 1.00, 1.03, 8), 0.98) == OK
+    assert verdict(PairedRatio(0.9, math.nan, math.nan, 8), 0.98) == OK  # one pair: no CI, no verdict
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A clone of this repository whose HEAD pins another requirement set than HEAD~1."""
+    src = repo_root()
+    dest = tmp_path_factory.mktemp("ab") / "repo"
+    subprocess.run(["git", "clone", "-q", str(src), str(dest)], check=True)
+    with open(dest / "requirements.txt", "a") as f:
+        f.write("six==1.16.0\n")
+    _git(dest, "commit", "-q", "-am", "pin six")
+    return dest
+
+
+def test_other_requirements_are_refused(clone: Path) -> None:
+    assert requirement_differences(clone, resolve(clone, "HEAD")) == []
+    assert requirement_differences(clone, resolve(clone, "HEAD~1")) == ["requirements.txt"]
+    text = (clone / "pyproject.toml").read_text()
+    (clone / "pyproject.toml").write_text(text.replace("dependencies = [", 'dependencies = [\n    "six",', 1))
+    try:
+        assert requirement_differences(clone, resolve(clone, "HEAD")) == ["pyproject.toml dependencies"]
+    finally:
+        (clone / "pyproject.toml").write_text(text)
+
+
+def test_an_unknown_revision_is_one_line(clone: Path) -> None:
+    with pytest.raises(ABError, match="'no-such-rev' is not a commit") as e:
+        resolve(clone, "no-such-rev")
+    assert "\n" not in str(e.value)
+
+
+def test_the_base_is_importable_as_crossrl_from_its_own_tree(clone: Path) -> None:
+    base = resolve(clone, "HEAD~1")
+    with checkout(clone, base) as path:
+        assert "six" not in (path / "crossrl" / "requirements.txt").read_text()
+        out = subprocess.run(
+            [sys.executable, "-c", "import crossrl.adapters.bench.samplers as s; print(s.__file__)"],
+            env={"PYTHONPATH": str(path), "PATH": ""}, capture_output=True, text=True, check=True, cwd=path,
+        ).stdout  # fmt: skip
+        assert out.strip().startswith(str(path / "crossrl"))
+    assert not path.exists()  # removed afterwards
