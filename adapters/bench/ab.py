@@ -22,10 +22,14 @@ passed; the result says which. Verdict per (engine, workers): REGRESSION when th
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import os
+import select
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import tomllib
@@ -38,7 +42,9 @@ from typing import Any
 import numpy as np
 
 from crossrl.adapters.bench.commands import auto_fragment
-from crossrl.adapters.bench.samplers import DEFAULT_MODEL, measure
+from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SETUP_TIMEOUT_S
+from crossrl.adapters.procs import kill_tree
+from crossrl.adapters.runner import child_env
 from crossrl.core.evaluator import PLANTED_SLOWDOWN_ENV
 from crossrl.reports.regress import IMPROVED, OK, REGRESSION, Comparison
 from crossrl.reports.stats import PairedRatio, paired_ratio_ci
@@ -121,26 +127,67 @@ def checkout(repo: Path, commit: str) -> Iterator[Path]:
             archive.stdout.close()
         if archive.wait() != 0 or tar.returncode != 0:
             raise ABError(f"could not extract {commit[:12]} from {repo}: {tar.stderr.decode(errors='replace')[-200:]}")
-        if not (pkg / "adapters" / "bench" / "_child.py").exists():
-            raise ABError(f"base {commit[:12]} has no sampling bench (adapters/bench/_child.py): it cannot be measured")
+        contestants = pkg / "adapters" / "bench" / "contestants.py"
+        if not contestants.exists() or "def serve(" not in contestants.read_text():
+            raise ABError(
+                f"base {commit[:12]} predates the A/B gate's measurement server (adapters/bench/contestants.py: "
+                "serve): compare against a commit that has `crossrl ab`"
+            )
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-@contextmanager
-def _environ(extra: dict[str, str]) -> Iterator[None]:
-    """``extra`` set in os.environ for the measurement processes started meanwhile (they copy it)."""
-    old = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+class Server:
+    """One side's measurement process (``_child --serve``): set up and warmed once, then a window per call."""
+
+    def __init__(self, request: dict[str, Any], *, env: dict[str, str], workdir: Path, name: str) -> None:
+        self.name, self.log = name, workdir / f"{name}.log"
+        req = workdir / f"{name}.json"
+        req.write_text(json.dumps(request))
+        cmd_r, cmd_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "crossrl.adapters.bench._child", "--serve", str(req), str(cmd_r), str(rep_w)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env, pass_fds=(cmd_r, rep_w),
+            )  # fmt: skip
+        os.close(cmd_r)
+        os.close(rep_w)
+        self._cmd = os.fdopen(cmd_w, "w")
+        self._rep = os.fdopen(rep_r)
+
+    def _reply(self, timeout_s: float) -> dict[str, Any]:
+        ready, _, _ = select.select([self._rep], [], [], timeout_s)
+        line = self._rep.readline() if ready else ""
+        if not line:
+            tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
+            why = f"no reply within {timeout_s:.0f} s" if not ready else "it ended"
+            raise ABError(f"the {self.name} measurement process failed ({why}); its log ends:\n{tail}")
+        data: dict[str, Any] = json.loads(line)
+        return data
+
+    def ready(self) -> dict[str, Any]:
+        return self._reply(SETUP_TIMEOUT_S)
+
+    def window(self, seconds: float, warmup_s: float) -> Measurement:
+        self._cmd.write(json.dumps({"seconds": seconds, "warmup_s": warmup_s}) + "\n")
+        self._cmd.flush()
+        data = self._reply(SETUP_TIMEOUT_S + (seconds + warmup_s) * 5)
+        return measurement(float(data["steps_per_s"]), data.get("cpu") or {}, self.name)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._cmd.write("{}\n")
+            self._cmd.flush()
+        with contextlib.suppress(OSError):
+            self._cmd.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc.pid, grace_s=0)
+            self.proc.wait()
+        self._rep.close()
 
 
 @dataclass
@@ -157,6 +204,7 @@ class Pair:
     base: Measurement
     head: Measurement
     first: str  # "base" or "head": which was measured first
+    session: int  # the pair of measurement processes (base, head) that measured it
 
     @property
     def ratio(self) -> float:
@@ -190,14 +238,12 @@ class Cell:
         return (math.log(r.hi) - math.log(r.lo)) / 2
 
 
-def measurement(result: Any) -> Measurement:
-    """A :class:`~crossrl.adapters.bench.samplers.SamplerResult` (one window) as a :class:`Measurement`."""
-    sps = float(result.steps_per_s[0])
-    cpu = result.cpu or {}
+def measurement(steps_per_s: float, cpu: dict[str, float], name: str) -> Measurement:
+    """One window's figures: steps/s and the CPUs the measured processes used meanwhile (``CpuMeter``)."""
     cpus = float(cpu.get("workers_cpus", 0.0)) + float(cpu.get("driver_cpus", 0.0))
-    if not cpus > 0:
-        raise ABError(f"{result.engine}: the measurement reported no CPU time for its processes")
-    return Measurement(steps_per_s=sps, steps_per_cpu_s=sps / cpus, cpus=cpus)
+    if not cpus > 0 or not steps_per_s > 0:
+        raise ABError(f"{name}: a window measured no steps or no CPU time ({steps_per_s}, {cpu})")
+    return Measurement(steps_per_s=steps_per_s, steps_per_cpu_s=steps_per_s / cpus, cpus=cpus)
 
 
 def verdict(r: PairedRatio, threshold: float) -> str:
@@ -290,12 +336,14 @@ def run_ab(
     engines: Sequence[str] = ("crossrl",),
     workers: Sequence[int] = (1,),
     envs_per_worker: int = 8,
-    seconds: float = 4.0,
-    warmup_s: float = 2.0,
+    seconds: float = 2.0,
+    warmup_s: float = 3.0,
+    rewarm_s: float = 0.5,
+    pairs_per_session: int = 5,
     threshold: float = 0.98,
     precision: float = 0.01,
-    min_pairs: int = 6,
-    max_pairs: int = 60,
+    min_pairs: int = 10,
+    max_pairs: int = 200,
     max_seconds: float = 540.0,
     plant_slowdown: float = 0.0,
     seed: int = 0,
@@ -304,13 +352,17 @@ def run_ab(
 ) -> ABResult:
     """Measure ``base_rev`` against the running crossrl's work tree; see the module's docstring.
 
-    ``max_seconds``: no new pair is started when it would end past this (the estimate: the slowest pair so
-    far). ``plant_slowdown`` (test-only, for the gate's power): the head's evaluators burn that fraction more
-    CPU per sample call (``crossrl.core.evaluator``).
+    A session starts a fresh measurement process per side (both at once), warms each up for ``warmup_s``,
+    then times ``pairs_per_session`` pairs of windows of ``seconds`` (each window after ``rewarm_s`` of
+    untimed iterations), alternating which side goes first; then both processes end. Sessions repeat
+    until the stop rule (``precision``, ``min_pairs``, ``max_pairs``, ``max_seconds``: no session is
+    started that would end past it, judged by the slowest so far). The CI resamples sessions, then pairs.
+    ``plant_slowdown`` (test-only, for the gate's power): the head's evaluators burn that fraction more CPU
+    per sample call (``crossrl.core.evaluator``).
     """
     if not 0 < threshold < 1:
         raise ABError(f"--threshold {threshold:g} must lie between 0 and 1 (0.98: flag a 2 % slowdown)")
-    if min_pairs < 2 or max_pairs < min_pairs:
+    if min_pairs < 2 or max_pairs < min_pairs or pairs_per_session < 1:
         raise ABError(f"--min-pairs {min_pairs} must be >= 2 and at most --max-pairs {max_pairs}")
     t_start = time.monotonic()
     repo = repo or repo_root()
@@ -325,60 +377,60 @@ def run_ab(
     head_dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no").strip())
     cells = [Cell(e, w) for e in engines for w in workers]
     rng = np.random.default_rng(seed)
+    envs = {"base": child_env(), "head": child_env()}
+    if plant_slowdown:
+        envs["head"][PLANTED_SLOWDOWN_ENV] = repr(plant_slowdown)
 
-    def one(cell: Cell, side: str, base_path: Path) -> Measurement:
-        extra = {"PYTHONPATH": str(base_path)} if side == "base" else {}
-        if side == "head" and plant_slowdown:
-            extra[PLANTED_SLOWDOWN_ENV] = repr(plant_slowdown)
-        with _environ(extra):
-            res = measure(
-                cell.engine,
-                env_spec=env_spec,
-                workers=cell.workers,
-                envs_per_worker=envs_per_worker,
-                model=model,
-                seconds=seconds,
-                warmup_s=warmup_s,
-                fragment=auto_fragment(cell.workers, envs_per_worker),
-                optimizer="sync_samples" if cell.engine == "crossrl" else None,
+    def session(cell: Cell, index: int, base_path: Path, workdir: Path) -> None:
+        request = {
+            "engine": cell.engine, "env_spec": env_spec.model_dump(mode="json"), "workers": cell.workers,
+            "envs_per_worker": envs_per_worker, "model": model.model_dump(mode="json"),
+            "fragment": auto_fragment(cell.workers, envs_per_worker), "warmup_s": warmup_s,
+            "optimizer": "sync_samples" if cell.engine == "crossrl" else None,
+        }  # fmt: skip
+        env = {"base": {**envs["base"], "PYTHONPATH": str(base_path)}, "head": envs["head"]}
+        servers: dict[str, Server] = {}
+        try:
+            for side in ("base", "head"):
+                servers[side] = Server(request, env=env[side], workdir=workdir, name=side)
+            for side in ("base", "head"):
+                servers[side].ready()
+            for _ in range(pairs_per_session):
+                order = ("base", "head") if len(cell.pairs) % 2 == 0 else ("head", "base")
+                got = {side: servers[side].window(seconds, rewarm_s) for side in order}
+                cell.pairs.append(Pair(base=got["base"], head=got["head"], first=order[0], session=index))
+        finally:
+            for srv in servers.values():
+                srv.close()
+        groups = [q.session for q in cell.pairs]
+        cell.ratio = paired_ratio_ci(
+            [q.head.steps_per_cpu_s for q in cell.pairs], [q.base.steps_per_cpu_s for q in cell.pairs],
+            groups=groups, rng=rng,
+        )  # fmt: skip
+        cell.wall_ratio = paired_ratio_ci(
+            [q.head.steps_per_s for q in cell.pairs], [q.base.steps_per_s for q in cell.pairs], groups=groups, rng=rng
+        )
+        if progress:
+            last = cell.pairs[-pairs_per_session:]
+            progress(
+                f"session {index + 1} {cell.key}: pair ratios "
+                + " ".join(f"{q.ratio:.3f}" for q in last)
+                + f"; so far {cell.ratio.ratio:.3f} [{cell.ratio.lo:.3f}, {cell.ratio.hi:.3f}] over {len(cell.pairs)}"
             )
-        return measurement(res)
 
     stop_reason = f"--max-pairs {max_pairs} reached"
-    slowest_pair = 0.0
-    with checkout(repo, commit) as base_path:
-        for i in range(max_pairs):
-            t_pair = time.monotonic()
-            order = ("base", "head") if i % 2 == 0 else ("head", "base")
+    slowest = 0.0
+    with checkout(repo, commit) as base_path, tempfile.TemporaryDirectory(prefix="crossrl-ab-") as tmp:
+        for i in range(-(-max_pairs // pairs_per_session)):
+            t_session = time.monotonic()
             for cell in cells:
-                got: dict[str, Measurement] = {}
-                for side in order:
-                    try:
-                        got[side] = one(cell, side, base_path)
-                    except ABError:
-                        raise
-                    except Exception as e:  # noqa: BLE001 - a measurement that fails ends the gate with its log
-                        raise ABError(f"{side} ({cell.key}) could not be measured: {str(e).strip()[-600:]}") from e
-                cell.pairs.append(Pair(base=got["base"], head=got["head"], first=order[0]))
-                cell.ratio = paired_ratio_ci(
-                    [p.head.steps_per_cpu_s for p in cell.pairs], [p.base.steps_per_cpu_s for p in cell.pairs], rng=rng
-                )
-                cell.wall_ratio = paired_ratio_ci(
-                    [p.head.steps_per_s for p in cell.pairs], [p.base.steps_per_s for p in cell.pairs], rng=rng
-                )
-                if progress:
-                    p = cell.pairs[-1]
-                    progress(
-                        f"pair {i + 1} {cell.key}: base {p.base.steps_per_cpu_s:,.0f} head {p.head.steps_per_cpu_s:,.0f} "
-                        f"steps/CPU-s ({p.ratio:.3f}); so far {cell.ratio.ratio:.3f} "
-                        f"[{cell.ratio.lo:.3f}, {cell.ratio.hi:.3f}]"
-                    )
-            slowest_pair = max(slowest_pair, time.monotonic() - t_pair)
-            n = i + 1
+                session(cell, i, base_path, Path(tmp))
+            slowest = max(slowest, time.monotonic() - t_session)
+            n = min(len(c.pairs) for c in cells)
             if n >= min_pairs and all(c.half_width() <= precision for c in cells):
-                stop_reason = f"every CI narrower than +-{precision:.1%} after {n} pairs"
+                stop_reason = f"every CI within +-{precision:.1%} after {n} pairs"
                 break
-            if time.monotonic() - t_start + slowest_pair > max_seconds:
+            if time.monotonic() - t_start + slowest > max_seconds:
                 widest = max(c.half_width() for c in cells)
                 stop_reason = (
                     f"time limit {max_seconds:.0f} s: {n} pairs, the widest CI +-{widest:.1%} "
@@ -391,10 +443,10 @@ def run_ab(
     conditions = {
         "engines": list(engines), "workers": list(workers), "envs_per_worker": envs_per_worker,
         "fragment": {f"w{w}": auto_fragment(w, envs_per_worker) for w in workers}, "seconds": seconds,
-        "warmup_s": warmup_s, "threshold": threshold, "precision": precision, "min_pairs": min_pairs,
-        "max_pairs": max_pairs, "max_seconds": max_seconds, "model": model.model_dump(mode="json"),
-        "metric": METRIC, "order": "alternating (base first in odd pairs, head first in even)",
-        "machine_cores": os.cpu_count() or 1,
+        "warmup_s": warmup_s, "rewarm_s": rewarm_s, "pairs_per_session": pairs_per_session,
+        "threshold": threshold, "precision": precision, "min_pairs": min_pairs, "max_pairs": max_pairs,
+        "max_seconds": max_seconds, "model": model.model_dump(mode="json"), "metric": METRIC,
+        "order": "alternating (base first in odd pairs, head first in even)", "machine_cores": os.cpu_count() or 1,
     }  # fmt: skip
     if plant_slowdown:
         conditions["planted_slowdown"] = plant_slowdown

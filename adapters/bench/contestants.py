@@ -312,7 +312,59 @@ class CpuMeter:
         return out
 
 
+def serve(request: dict[str, Any], commands: Any, replies: Any) -> None:
+    """Set up ``request["engine"]``, warm it up, then time one window per command until told to stop.
+
+    The A/B gate's measurement server (:mod:`crossrl.adapters.bench.ab`): it keeps two of these alive, one
+    per side, and alternates their windows, so pairs are seconds apart instead of a Ray start-up apart.
+    ``commands`` (text, one JSON line each): ``{"seconds": S, "warmup_s": W}`` times ``W`` s of iterations,
+    then one window of ``S`` s; EOF or ``{}`` closes the contestant. ``replies``: a JSON line
+    ``{"ready": true, "info": ...}`` after the warm-up, then ``{"steps_per_s": x, "cpu": {...}}`` per window.
+    Between commands the contestant is idle: no iteration runs.
+    """
+    engine = request["engine"]
+    kwargs: dict[str, Any] = {
+        "env_spec": EnvSpec.model_validate(request["env_spec"]),
+        "workers": int(request["workers"]),
+        "envs_per_worker": int(request["envs_per_worker"]),
+        "model": ModelSpec.model_validate(request["model"]),
+        "fragment": int(request["fragment"]),
+    }
+    if engine == "crossrl":
+        kwargs["optimizer"] = request.get("optimizer") or "sync_samples"
+    t0 = time.perf_counter()
+    contestant = _setups()[engine](**kwargs)
+    try:
+        time_windows(contestant.step, warmup_s=float(request["warmup_s"]), seconds=0.0, windows=1)
+        info = {**contestant.info, "setup_s": time.perf_counter() - t0}
+        replies.write(json.dumps({"ready": True, "info": info}) + "\n")
+        replies.flush()
+        pids = contestant.worker_pids()
+        for line in commands:
+            cmd = json.loads(line)
+            if not cmd:
+                break
+            meter = CpuMeter(pids)
+            (rate,) = time_windows(
+                contestant.step,
+                warmup_s=float(cmd.get("warmup_s", 0.0)),
+                seconds=float(cmd["seconds"]),
+                windows=1,
+                on_timed_start=meter.start,
+            )
+            replies.write(json.dumps({"steps_per_s": rate, "cpu": meter.stop()}) + "\n")
+            replies.flush()
+    finally:
+        contestant.close()
+
+
 def main(argv: list[str]) -> int:
+    if argv[1] == "--serve":  # _child --serve REQUEST.json COMMAND_FD REPLY_FD
+        with open(argv[2]) as f:
+            request = json.load(f)
+        with open(int(argv[3])) as commands, open(int(argv[4]), "w") as replies:
+            serve(request, commands, replies)
+        return 0
     # LOCAL_RAY_ENV is already set: importing .base imported crossrl.core.cluster, before any Ray import.
     with open(argv[1]) as f:
         request = json.load(f)
