@@ -1,5 +1,5 @@
 """`crossrl ab` end to end: the base commit (HEAD, from git) and this work tree measured in pairs on a real
-Ray cluster per measurement. A planted 50 % slowdown is a REGRESSION (exit 1, JUnit failure, JSON ratio);
+Ray cluster per measurement process. A planted 50 % slowdown is a REGRESSION (exit 1, JUnit failure, JSON ratio);
 the same code against itself is not; the power at 5 % is measured by `make ab-power` (docs/performance.md)."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-QUICK = ["--engines", "crossrl", "--workers", "1", "--seconds", "1.5", "--min-pairs", "2", "--max-pairs", "2"]
+# one session: a fresh measurement process per side, two pairs of 1 s windows
+QUICK = ["--engines", "crossrl", "--workers", "1", "--seconds", "1", "--min-pairs", "2", "--max-pairs", "2",
+         "--pairs-per-session", "2"]  # fmt: skip
 
 
 def ab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -32,6 +34,7 @@ def test_a_planted_slowdown_is_a_regression(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "ab.json").read_text())
     (cell,) = data["cells"]
     assert len(cell["pairs"]) == 2 and {p["first"] for p in cell["pairs"]} == {"base", "head"}  # alternated
+    assert {p["session"] for p in cell["pairs"]} == {0}
     assert cell["ratio"]["hi"] < 0.9  # 50 % more CPU in every sample call
     assert data["conditions"]["planted_slowdown"] == 0.5
     suite = ET.parse(tmp_path / "ab.xml").getroot().find("testsuite")

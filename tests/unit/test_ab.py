@@ -44,6 +44,21 @@ def test_the_ratio_is_reciprocal_and_inside_its_ci(base: list[float], noise: lis
     assert shifted.ratio == pytest.approx(forward.ratio)
 
 
+def test_sessions_that_disagree_widen_the_ci() -> None:
+    # six sessions of five pairs: each session off by its own few per cent, tight inside. Pairs alone would
+    # count 30 independent values; resampling sessions first counts six, and the CI says so.
+    rng = np.random.default_rng(0)
+    offsets = np.repeat(1 + 0.03 * rng.standard_normal(6), 5)
+    ratios = offsets * (1 + 0.003 * rng.standard_normal(30))
+    base = np.full(30, 1000.0)
+    flat = paired_ratio_ci(base * ratios, base, rng=np.random.default_rng(1))
+    grouped = paired_ratio_ci(base * ratios, base, groups=np.repeat(np.arange(6), 5), rng=np.random.default_rng(1))
+    assert grouped.ratio == flat.ratio
+    assert grouped.hi - grouped.lo > 1.5 * (flat.hi - flat.lo)
+    with pytest.raises(ValueError, match="group labels"):
+        paired_ratio_ci(base, base, groups=[0, 1], rng=np.random.default_rng(0))
+
+
 def test_paired_ratio_rejects_what_is_not_pairs() -> None:
     with pytest.raises(ValueError, match="not pairs"):
         paired_ratio_ci([1.0, 2.0], [1.0], rng=np.random.default_rng(0))
