@@ -4,20 +4,21 @@ A stored baseline from another day and host cannot see a 5 % slowdown on a share
 can. ``BASE`` is extracted from git into a temporary directory (``git archive``, nothing else in the
 repository is touched) and run from the same Python environment, which is allowed only when its pinned
 requirements (``requirements.txt``, ``constraints.txt``, ``pyproject.toml``'s dependencies) are those of
-the working tree. Then, per engine and worker count, base and head are measured in pairs, alternating
-which goes first (A B, B A, A B, ...: an order effect cancels), each measurement a fresh process with
-its own warm-up (the sampling bench's :func:`~crossrl.adapters.bench.samplers.measure`, the base's own
-code in the base's process).
+the working tree. Per engine and worker count, each side runs in a measurement process of its own code
+(the sampling bench's contestants, :func:`~crossrl.adapters.bench.contestants.serve`), fresh for every
+session and warmed up; inside a session the gate alternates short slices of iterations between the two
+sides (A B B A ...), because this VM's CPU speed drifts within seconds and only sides measured in the
+same second see the same machine.
 
 What is compared is **env steps per CPU-second** of the measured processes (the driver and the processes
-that step the envs): what a code change costs per step, which other jobs on a shared machine dilute far
-less than wall time (docs/performance.md, "The A/B gate"). Wall-clock steps/s is measured and reported
-beside it. Each pair gives a head/base ratio; their IQM (in log terms, the report's own estimate) is the
-estimate and a paired percentile bootstrap over pairs (:func:`crossrl.reports.stats.paired_ratio_ci`) its
-95 % CI. Pairs are
-added until every CI is narrow enough (half-width at most ``precision``) or the time limit would be
-passed; the result says which. Verdict per (engine, workers): REGRESSION when the whole CI lies below
-``threshold``, improved when it lies above ``1 / threshold``, ok otherwise.
+that step the envs): what a code change costs per step, which other jobs on the machine dilute far less
+than wall time (docs/performance.md, "The A/B gate"). Wall-clock steps/s is measured and reported beside
+it. Each pair gives a head/base ratio; their IQM (in log terms, the report's own estimate) is the
+estimate and a two-level percentile bootstrap (sessions, then pairs;
+:func:`crossrl.reports.stats.paired_ratio_ci`) its 95 % CI. Sessions are added until every CI is narrow
+enough (half-width at most ``precision``) or the time limit would be passed; the result says which.
+Verdict per (engine, workers): REGRESSION when the whole CI lies below ``threshold``, improved when it
+lies above ``1 / threshold``, ok otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import math
 import os
 import select
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,14 +169,20 @@ class Server:
         data: dict[str, Any] = json.loads(line)
         return data
 
-    def ready(self) -> dict[str, Any]:
-        return self._reply(SETUP_TIMEOUT_S)
-
-    def window(self, seconds: float, warmup_s: float) -> Measurement:
-        self._cmd.write(json.dumps({"seconds": seconds, "warmup_s": warmup_s}) + "\n")
+    def _ask(self, cmd: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        self._cmd.write(json.dumps(cmd) + "\n")
         self._cmd.flush()
-        data = self._reply(SETUP_TIMEOUT_S + (seconds + warmup_s) * 5)
-        return measurement(float(data["steps_per_s"]), data.get("cpu") or {}, self.name)
+        return self._reply(timeout_s)
+
+    def ready(self) -> float:
+        """Wait for set-up and warm-up; the seconds one iteration took."""
+        return float(self._reply(SETUP_TIMEOUT_S)["iteration_s"])
+
+    def run(self, iterations: int) -> None:
+        self._ask({"run": iterations}, SETUP_TIMEOUT_S)
+
+    def read(self) -> dict[str, float]:
+        return self._ask({"read": True}, SETUP_TIMEOUT_S)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -196,7 +204,7 @@ class Measurement:
 
     steps_per_s: float
     steps_per_cpu_s: float
-    cpus: float  # CPU-seconds per wall second of the measured processes while timed
+    cpus: float  # CPU-seconds of the measured processes per second of its slices (their idle CPU included)
 
 
 @dataclass
@@ -238,12 +246,12 @@ class Cell:
         return (math.log(r.hi) - math.log(r.lo)) / 2
 
 
-def measurement(steps_per_s: float, cpu: dict[str, float], name: str) -> Measurement:
-    """One window's figures: steps/s and the CPUs the measured processes used meanwhile (``CpuMeter``)."""
-    cpus = float(cpu.get("workers_cpus", 0.0)) + float(cpu.get("driver_cpus", 0.0))
-    if not cpus > 0 or not steps_per_s > 0:
-        raise ABError(f"{name}: a window measured no steps or no CPU time ({steps_per_s}, {cpu})")
-    return Measurement(steps_per_s=steps_per_s, steps_per_cpu_s=steps_per_s / cpus, cpus=cpus)
+def measurement(before: dict[str, float], after: dict[str, float], name: str) -> Measurement:
+    """One side's figures over a pair, from two reads of its server's totals (steps, active_s, cpu_s)."""
+    steps, active, cpu = (after[k] - before[k] for k in ("steps", "active_s", "cpu_s"))
+    if not (steps > 0 and active > 0 and cpu > 0):
+        raise ABError(f"{name}: a pair measured no steps or no CPU time ({steps}, {active}, {cpu})")
+    return Measurement(steps_per_s=steps / active, steps_per_cpu_s=steps / cpu, cpus=cpu / active)
 
 
 def verdict(r: PairedRatio, threshold: float) -> str:
@@ -338,7 +346,7 @@ def run_ab(
     envs_per_worker: int = 8,
     seconds: float = 2.0,
     warmup_s: float = 3.0,
-    rewarm_s: float = 0.5,
+    slice_s: float = 0.1,
     pairs_per_session: int = 5,
     threshold: float = 0.98,
     precision: float = 0.01,
@@ -352,11 +360,12 @@ def run_ab(
 ) -> ABResult:
     """Measure ``base_rev`` against the running crossrl's work tree; see the module's docstring.
 
-    A session starts a fresh measurement process per side (both at once), warms each up for ``warmup_s``,
-    then times ``pairs_per_session`` pairs of windows of ``seconds`` (each window after ``rewarm_s`` of
-    untimed iterations), alternating which side goes first; then both processes end. Sessions repeat
-    until the stop rule (``precision``, ``min_pairs``, ``max_pairs``, ``max_seconds``: no session is
-    started that would end past it, judged by the slowest so far). The CI resamples sessions, then pairs.
+    A session starts a fresh measurement process per side (``_child --serve``, both at once) and warms
+    each up for ``warmup_s``. A pair then alternates slices of about ``slice_s`` (the same number of
+    iterations on both sides) between them, A B B A A B ..., until each side has run about ``seconds``;
+    ``pairs_per_session`` pairs, then both processes end. Sessions repeat until the stop rule
+    (``precision``, ``min_pairs``, ``max_pairs``, ``max_seconds``: no session is started that would end
+    past it, judged by the slowest so far). The CI resamples sessions, then pairs inside them.
     ``plant_slowdown`` (test-only, for the gate's power): the head's evaluators burn that fraction more CPU
     per sample call (``crossrl.core.evaluator``).
     """
@@ -393,12 +402,20 @@ def run_ab(
         try:
             for side in ("base", "head"):
                 servers[side] = Server(request, env=env[side], workdir=workdir, name=side)
-            for side in ("base", "head"):
-                servers[side].ready()
+            iteration_s = statistics.fmean(servers[side].ready() for side in ("base", "head"))
+            k = max(1, round(slice_s / iteration_s))  # the same iterations per slice on both sides
+            rounds = max(1, round(seconds / (k * iteration_s)))
             for _ in range(pairs_per_session):
-                order = ("base", "head") if len(cell.pairs) % 2 == 0 else ("head", "base")
-                got = {side: servers[side].window(seconds, rewarm_s) for side in order}
-                cell.pairs.append(Pair(base=got["base"], head=got["head"], first=order[0], session=index))
+                order = ["base", "head"] if len(cell.pairs) % 2 == 0 else ["head", "base"]
+                first = order[0]
+                before = {side: servers[side].read() for side in order}
+                for _ in range(rounds):
+                    for side in order:
+                        servers[side].run(k)
+                    order.reverse()  # A B B A A B ...: neither side always follows the other
+                after = {side: servers[side].read() for side in order}
+                got = {side: measurement(before[side], after[side], side) for side in order}
+                cell.pairs.append(Pair(base=got["base"], head=got["head"], first=first, session=index))
         finally:
             for srv in servers.values():
                 srv.close()
@@ -443,7 +460,7 @@ def run_ab(
     conditions = {
         "engines": list(engines), "workers": list(workers), "envs_per_worker": envs_per_worker,
         "fragment": {f"w{w}": auto_fragment(w, envs_per_worker) for w in workers}, "seconds": seconds,
-        "warmup_s": warmup_s, "rewarm_s": rewarm_s, "pairs_per_session": pairs_per_session,
+        "warmup_s": warmup_s, "slice_s": slice_s, "pairs_per_session": pairs_per_session,
         "threshold": threshold, "precision": precision, "min_pairs": min_pairs, "max_pairs": max_pairs,
         "max_seconds": max_seconds, "model": model.model_dump(mode="json"), "metric": METRIC,
         "order": "alternating (base first in odd pairs, head first in even)", "machine_cores": os.cpu_count() or 1,

@@ -331,14 +331,16 @@ class CpuMeter:
 
 
 def serve(request: dict[str, Any], commands: Any, replies: Any) -> None:
-    """Set up ``request["engine"]``, warm it up, then time one window per command until told to stop.
+    """Set up ``request["engine"]``, warm it up, then run iterations in slices on command until told to stop.
 
-    The A/B gate's measurement server (:mod:`crossrl.adapters.bench.ab`): it keeps two of these alive, one
-    per side, and alternates their windows, so pairs are seconds apart instead of a Ray start-up apart.
-    ``commands`` (text, one JSON line each): ``{"seconds": S, "warmup_s": W}`` times ``W`` s of iterations,
-    then one window of ``S`` s; EOF or ``{}`` closes the contestant. ``replies``: a JSON line
-    ``{"ready": true, "info": ...}`` after the warm-up, then ``{"steps_per_s": x, "cpu": {...}}`` per window.
-    Between commands the contestant is idle: no iteration runs.
+    The A/B gate's measurement server (:mod:`crossrl.adapters.bench.ab`): the gate keeps one per side alive
+    and alternates short slices of iterations between them (A B A B ... a few per second), so both sides
+    see the same stretch of the machine's speed, which on a shared VM drifts within seconds. Between
+    slices the contestant is idle: no iteration runs. ``commands`` (one JSON line each):
+    ``{"run": K}`` runs K iterations and replies ``{"steps": n}``; ``{"read": true}`` replies the totals
+    so far, ``{"steps", "active_s", "cpu_s"}`` (env steps, wall seconds spent in ``run``, CPU seconds of
+    the driver and the env-stepping processes since start-up, idle time included); EOF or ``{}`` closes.
+    The first reply, after ``warmup_s`` of iterations, is ``{"ready": true, "iteration_s": ..., "info": ...}``.
     """
     engine = request["engine"]
     kwargs: dict[str, Any] = {
@@ -350,28 +352,39 @@ def serve(request: dict[str, Any], commands: Any, replies: Any) -> None:
     }
     if engine == "crossrl":
         kwargs["optimizer"] = request.get("optimizer") or "sync_samples"
+    import psutil
+
     t0 = time.perf_counter()
     contestant = _setups()[engine](**kwargs)
-    try:
-        time_windows(contestant.step, warmup_s=float(request["warmup_s"]), seconds=0.0, windows=1)
-        info = {**contestant.info, "setup_s": time.perf_counter() - t0}
-        replies.write(json.dumps({"ready": True, "info": info}) + "\n")
+
+    def reply(data: dict[str, Any]) -> None:
+        replies.write(json.dumps(data) + "\n")
         replies.flush()
-        pids = contestant.worker_pids()
+
+    try:
+        setup_s = time.perf_counter() - t0
+        time_windows(contestant.step, warmup_s=float(request["warmup_s"]), seconds=0.5, windows=1)
+        n, t1 = 0, time.perf_counter()
+        while time.perf_counter() - t1 < 0.3:
+            n += 1
+            contestant.step()
+        iteration_s = (time.perf_counter() - t1) / n
+        procs = [psutil.Process(pid) for pid in contestant.worker_pids()] + [psutil.Process()]
+        reply({"ready": True, "iteration_s": iteration_s, "info": {**contestant.info, "setup_s": setup_s}})
+        steps, active = 0, 0.0
         for line in commands:
             cmd = json.loads(line)
             if not cmd:
                 break
-            meter = CpuMeter(pids)
-            (rate,) = time_windows(
-                contestant.step,
-                warmup_s=float(cmd.get("warmup_s", 0.0)),
-                seconds=float(cmd["seconds"]),
-                windows=1,
-                on_timed_start=meter.start,
-            )
-            replies.write(json.dumps({"steps_per_s": rate, "cpu": meter.stop()}) + "\n")
-            replies.flush()
+            if "run" in cmd:
+                got, t1 = 0, time.perf_counter()
+                for _ in range(int(cmd["run"])):
+                    got += contestant.step()
+                active += time.perf_counter() - t1
+                steps += got
+                reply({"steps": got})
+            else:
+                reply({"steps": steps, "active_s": active, "cpu_s": sum(process_cpu_s(p) for p in procs)})
     finally:
         contestant.close()
 
