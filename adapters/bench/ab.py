@@ -395,7 +395,7 @@ def run_ab(
             "engine": cell.engine, "env_spec": env_spec.model_dump(mode="json"), "workers": cell.workers,
             "envs_per_worker": envs_per_worker, "model": model.model_dump(mode="json"),
             "fragment": auto_fragment(cell.workers, envs_per_worker), "warmup_s": warmup_s,
-            "optimizer": "sync_samples" if cell.engine == "crossrl" else None,
+            "optimizer": "sync_samples" if cell.engine == "crossrl" else None, "pin": True,
         }  # fmt: skip
         env = {"base": {**envs["base"], "PYTHONPATH": str(base_path)}, "head": envs["head"]}
         servers: dict[str, Server] = {}

@@ -330,6 +330,24 @@ class CpuMeter:
         return out
 
 
+def pin(procs: list[Any]) -> dict[int, int]:
+    """Pin every thread of the env-stepping processes and of the driver (last) to one CPU each: the driver to
+    the first allowed CPU, worker ``i`` to the ``i + 1``-th (round robin). Two measurement processes pinned
+    alike run their slices on the same CPUs; this VM's vCPUs drift apart in speed (docs/performance.md)."""
+    import glob
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    where = {}
+    for i, proc in enumerate(procs):
+        cpu = cpus[0] if i == len(procs) - 1 else cpus[(i + 1) % len(cpus)]
+        for task in glob.glob(f"/proc/{proc.pid}/task/*"):
+            with contextlib.suppress(OSError, ValueError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task.rsplit("/", 1)[1]), {cpu})
+        where[proc.pid] = cpu
+    return where
+
+
 def serve(request: dict[str, Any], commands: Any, replies: Any) -> None:
     """Set up ``request["engine"]``, warm it up, then run iterations in slices on command until told to stop.
 
@@ -370,6 +388,8 @@ def serve(request: dict[str, Any], commands: Any, replies: Any) -> None:
             contestant.step()
         iteration_s = (time.perf_counter() - t1) / n
         procs = [psutil.Process(pid) for pid in contestant.worker_pids()] + [psutil.Process()]
+        if request.get("pin"):
+            pin(procs)
         reply({"ready": True, "iteration_s": iteration_s, "info": {**contestant.info, "setup_s": setup_s}})
         steps, active = 0, 0.0
         for line in commands:
