@@ -431,17 +431,17 @@ def ab(
     engines_: Annotated[str, typer.Option("--engines", help="engines to compare, e.g. crossrl,rllib")] = "crossrl",
     workers: Annotated[str, typer.Option("--workers", help="worker counts, e.g. 1,2")] = "1",
     envs_per_worker: Annotated[int, typer.Option("--envs-per-worker")] = 8,
-    seconds: Annotated[float, typer.Option("--seconds", help="timed seconds per window")] = 2.0,
+    seconds: Annotated[float, typer.Option("--seconds", help="seconds each side runs per pair")] = 2.0,
     pairs_per_session: Annotated[
-        int, typer.Option("--pairs-per-session", help="pairs of windows per pair of fresh measurement processes")
-    ] = 5,
+        int, typer.Option("--pairs-per-session", help="pairs per pair of fresh measurement processes")
+    ] = 6,
     threshold: Annotated[
         float, typer.Option("--threshold", help="REGRESSION when the whole CI of head/base lies below this")
     ] = 0.98,
     precision: Annotated[
-        float, typer.Option("--precision", help="add pairs until every CI is within +- this (0.01: 1 %)")
-    ] = 0.01,
-    min_pairs: Annotated[int, typer.Option("--min-pairs")] = 10,
+        float, typer.Option("--precision", help="add pairs until every CI is within +- this (0.015: 1.5 %)")
+    ] = 0.015,
+    min_pairs: Annotated[int, typer.Option("--min-pairs")] = 24,
     max_pairs: Annotated[int, typer.Option("--max-pairs")] = 200,
     max_minutes: Annotated[float, typer.Option("--max-minutes", help="start no pair that would end later")] = 9.0,
     plant_slowdown: Annotated[
