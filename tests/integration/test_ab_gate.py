@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 # one session: a fresh measurement process per side, two pairs of 1 s windows
 QUICK = ["--engines", "crossrl", "--workers", "1", "--seconds", "1", "--min-pairs", "2", "--max-pairs", "2",
-         "--pairs-per-session", "2"]  # fmt: skip
+         "--pairs-per-session", "2", "--precision", "0.001"]  # fmt: skip
 
 
 def ab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
