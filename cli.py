@@ -460,6 +460,7 @@ def ab(
     """
     from crossrl.adapters.bench.ab import ABError, markdown, run_ab
     from crossrl.adapters.bench.commands import SAMPLING_ENGINES
+    from crossrl.adapters.signals import Interrupted, stop_on_signals
     from crossrl.reports.regress import junit_xml
 
     engines = tuple(e.strip() for e in engines_.split(",") if e.strip())
@@ -471,25 +472,32 @@ def ab(
     loaded, _ = _load(scenario)
     console = _console()
     try:
-        result = run_ab(
-            base,
-            env_spec=loaded.env,
-            model=loaded.algorithm.model,
-            engines=engines,
-            workers=tuple(_csv_ints(workers, "--workers") or ()),
-            envs_per_worker=envs_per_worker,
-            seconds=seconds,
-            pairs_per_session=pairs_per_session,
-            threshold=threshold,
-            precision=precision,
-            min_pairs=min_pairs,
-            max_pairs=max_pairs,
-            max_seconds=max_minutes * 60,
-            plant_slowdown=plant_slowdown,
-            progress=console.print,
-        )
+        # SIGTERM/SIGHUP (a cancelled CI job) end it as Ctrl-C does: both sides' measurement processes and the
+        # base's temporary checkout are removed on the way out
+        with stop_on_signals():
+            result = run_ab(
+                base,
+                env_spec=loaded.env,
+                model=loaded.algorithm.model,
+                engines=engines,
+                workers=tuple(_csv_ints(workers, "--workers") or ()),
+                envs_per_worker=envs_per_worker,
+                seconds=seconds,
+                pairs_per_session=pairs_per_session,
+                threshold=threshold,
+                precision=precision,
+                min_pairs=min_pairs,
+                max_pairs=max_pairs,
+                max_seconds=max_minutes * 60,
+                plant_slowdown=plant_slowdown,
+                progress=console.print,
+            )
     except ABError as e:
         _fail([str(e)])
+    except KeyboardInterrupt as e:
+        stop = Interrupted.of(e)
+        console.print(f"crossrl ab: stopped by {stop.label}; nothing was compared")
+        raise typer.Exit(stop.exit_code) from None
     md = markdown(result)
     typer.echo(md)
     if markdown_out:

@@ -59,3 +59,35 @@ def test_a_bad_revision_exits_2_with_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1 and "'no-such-rev' is not a commit" in lines[0], lines
+
+
+def test_a_cancelled_gate_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGTERM (a cancelled CI job) mid-session: exit 143, both measurement processes (each in its own
+    session, with its own Ray cluster) end, and the base's temporary checkout is removed."""
+    import signal
+    import time
+
+    import psutil
+
+    gate = subprocess.Popen(
+        [sys.executable, "-m", "crossrl.cli", "ab", "HEAD", "--no-store", *QUICK[:4]],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    me = psutil.Process(gate.pid)
+    servers: list[psutil.Process] = []
+    deadline = time.monotonic() + 120
+    while len(servers) < 2 and time.monotonic() < deadline:
+        servers = [p for p in me.children() if "--serve" in " ".join(p.cmdline())]
+        time.sleep(0.5)
+    assert len(servers) == 2, "the gate did not start its two measurement processes"
+    base_dir = Path(next(s.environ()["PYTHONPATH"] for s in servers if "PYTHONPATH" in s.environ()))
+    assert base_dir.is_dir()
+    tree = me.children(recursive=True)
+    time.sleep(3)
+    gate.send_signal(signal.SIGTERM)
+    out, _ = gate.communicate(timeout=180)
+    assert gate.returncode == 143, out[-3000:]
+    assert "stopped by SIGTERM" in out
+    _, alive = psutil.wait_procs(tree, timeout=60)
+    assert not alive, [p.cmdline()[:4] for p in alive]
+    assert not base_dir.exists()
