@@ -224,8 +224,8 @@ def _setups() -> dict[str, Callable[..., Contestant]]:
     return {"raw": setup_raw, "crossrl": setup_crossrl, "rllib": setup_rllib, "torchrl": setup_torchrl}
 
 
-def run_request(request: dict[str, Any]) -> dict[str, Any]:
-    """Set up ``request["engine"]``, time it, close it; returns {"samples": [steps/s...], "info": {...}}."""
+def set_up(request: dict[str, Any]) -> Contestant:
+    """The contestant a measurement request names (engine, env, workers, envs, model, fragment, optimizer)."""
     engine = request["engine"]
     setups = _setups()
     if engine not in setups:
@@ -239,8 +239,13 @@ def run_request(request: dict[str, Any]) -> dict[str, Any]:
     }
     if engine == "crossrl":
         kwargs["optimizer"] = request.get("optimizer") or "sync_samples"
+    return setups[engine](**kwargs)
+
+
+def run_request(request: dict[str, Any]) -> dict[str, Any]:
+    """Set up ``request["engine"]``, time it, close it; returns {"samples": [steps/s...], "info": {...}}."""
     t0 = time.perf_counter()
-    contestant = setups[engine](**kwargs)
+    contestant = set_up(request)
     setup_s = time.perf_counter() - t0
     meter = CpuMeter(contestant.worker_pids())
     try:
@@ -360,20 +365,10 @@ def serve(request: dict[str, Any], commands: Any, replies: Any) -> None:
     the driver and the env-stepping processes since start-up, idle time included); EOF or ``{}`` closes.
     The first reply, after ``warmup_s`` of iterations, is ``{"ready": true, "iteration_s": ..., "info": ...}``.
     """
-    engine = request["engine"]
-    kwargs: dict[str, Any] = {
-        "env_spec": EnvSpec.model_validate(request["env_spec"]),
-        "workers": int(request["workers"]),
-        "envs_per_worker": int(request["envs_per_worker"]),
-        "model": ModelSpec.model_validate(request["model"]),
-        "fragment": int(request["fragment"]),
-    }
-    if engine == "crossrl":
-        kwargs["optimizer"] = request.get("optimizer") or "sync_samples"
     import psutil
 
     t0 = time.perf_counter()
-    contestant = _setups()[engine](**kwargs)
+    contestant = set_up(request)
 
     def reply(data: dict[str, Any]) -> None:
         replies.write(json.dumps(data) + "\n")
