@@ -322,9 +322,9 @@ class ABResult:
         }
 
     def to_json(self, path: Path) -> Path:
-        from crossrl.adapters.bench.results import _write
+        from crossrl.adapters.bench.results import write_result
 
-        return _write(path, "ab", self.to_dict())
+        return write_result(path, "ab", self.to_dict())
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {"elapsed_s": self.elapsed_s}

@@ -16,7 +16,8 @@ from crossrl.adapters.bench.samplers import SamplerResult
 SCHEMA_VERSION = 1
 
 
-def _write(path: Path, kind: str, data: dict[str, Any]) -> Path:
+def write_result(path: Path, kind: str, data: dict[str, Any]) -> Path:
+    """A bench result's JSON file: schema version, kind, then the result's own fields."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "bench": kind, **data}, indent=1) + "\n")
@@ -192,7 +193,7 @@ class SpeedTable:
         return out
 
     def to_json(self, path: Path) -> Path:
-        return _write(path, self.kind, self.to_dict())
+        return write_result(path, self.kind, self.to_dict())
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -292,7 +293,7 @@ class E2ETable:
         }
 
     def to_json(self, path: Path) -> Path:
-        return _write(path, "e2e", self.to_dict())
+        return write_result(path, "e2e", self.to_dict())
 
     def metrics(self) -> dict[str, float]:
         out = {f"{r.engine}.seeds_reaching": float(r.reached) for r in self.rows}
@@ -352,7 +353,7 @@ class Overhead:
         }
 
     def to_json(self, path: Path) -> Path:
-        return _write(path, "overhead", self.to_dict())
+        return write_result(path, "overhead", self.to_dict())
 
     def metrics(self) -> dict[str, float]:
         d = self.to_dict()
@@ -418,7 +419,7 @@ class SweepTable:
         }
 
     def to_json(self, path: Path) -> Path:
-        return _write(path, "sweep", self.to_dict())
+        return write_result(path, "sweep", self.to_dict())
 
     def metrics(self) -> dict[str, float]:
         out = {f"parallel{r.parallel}.wall_s": r.wall_s for r in self.rows}
