@@ -238,6 +238,15 @@ class Cell:
     def key(self) -> str:
         return f"{self.engine}/w{self.workers}"
 
+    def paired(self, figure: str, rng: np.random.Generator) -> PairedRatio:
+        """Head/base of one :class:`Measurement` field over the pairs so far, CI resampling sessions then pairs."""
+        return paired_ratio_ci(
+            [getattr(q.head, figure) for q in self.pairs],
+            [getattr(q.base, figure) for q in self.pairs],
+            groups=[q.session for q in self.pairs],
+            rng=rng,
+        )
+
     def half_width(self) -> float:
         """Half the CI's width in log terms (0.01: about +-1 %); inf before there is a CI."""
         r = self.ratio
@@ -419,14 +428,7 @@ def run_ab(
         finally:
             for srv in servers.values():
                 srv.close()
-        groups = [q.session for q in cell.pairs]
-        cell.ratio = paired_ratio_ci(
-            [q.head.steps_per_cpu_s for q in cell.pairs], [q.base.steps_per_cpu_s for q in cell.pairs],
-            groups=groups, rng=rng,
-        )  # fmt: skip
-        cell.wall_ratio = paired_ratio_ci(
-            [q.head.steps_per_s for q in cell.pairs], [q.base.steps_per_s for q in cell.pairs], groups=groups, rng=rng
-        )
+        cell.ratio, cell.wall_ratio = cell.paired("steps_per_cpu_s", rng), cell.paired("steps_per_s", rng)
         if progress:
             last = cell.pairs[-pairs_per_session:]
             progress(
