@@ -116,6 +116,8 @@ class CrossrlAdapter:
                     "num_remote_evaluators": trial.workers,
                     "envs_per_evaluator": trial.envs_per_worker,
                     "remote_num_cpus": remote_cpus,
+                    "reward_clip": "sign(reward) in each sample batch, after the episode returns are counted"
+                    if trial.env.resolved_reward_clip else None,
                     "torch_threads_driver": torch.get_num_threads(),
                     # multi-agent: policy id -> the agents it acts for (crossrl.core.multi_agent)
                     **({"policies": getattr(evaluators.local, "groups", {})} if trial.env.multi_agent else {}),

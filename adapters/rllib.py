@@ -222,7 +222,7 @@ def env_creator(env_config: Mapping[str, Any]) -> Any:
 
     Register it under the name given to :func:`sampler_config` (``ray.tune.registry.register_env``).
     """
-    from crossrl.core.envs import make_env
+    from crossrl.core.envs import SignRewardKeepScore, make_env
 
     if getattr(env_config, "worker_index", 0) > 0:
         import torch
@@ -233,15 +233,31 @@ def env_creator(env_config: Mapping[str, Any]) -> Any:
         from crossrl.adapters.rllib_multi import parallel_env
 
         return parallel_env(spec)
-    return make_env(spec)
+    # Reward clipping (env.reward_clip): RLlib's new API stack has no learner-side setting for it (the old stack's
+    # clip_rewards is not read), so the env runners' episodes carry sign(reward) and the raw scores ride along in
+    # the infos, which _on_episode_end sums for the returns crossrl reports.
+    return SignRewardKeepScore(make_env(spec)) if spec.resolved_reward_clip else make_env(spec)
 
 
 def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **_: Any) -> None:
-    """Log the finished episode's whole return and length (earlier chunks included), unreduced."""
+    """Log the finished episode's whole return and length (earlier chunks included), unreduced. With reward
+    clipping the return is the raw score, from the infos (:func:`chunk_score`)."""
     chunks = [*(prev_episode_chunks or []), episode]
-    ret = float(sum(c.get_return() for c in chunks))
+    ret = float(sum(chunk_score(c) for c in chunks))
     length = int(sum(len(c) for c in chunks))
     metrics_logger.log_value(_ITEM_KEY, (ret, length), reduce="item_series")
+
+
+def chunk_score(chunk: Any) -> float:
+    """The raw score of one episode chunk: its rewards' sum, or where the env clips them (``SignRewardKeepScore``)
+    the raw rewards its step infos kept. ``get_infos()`` has one more item than the chunk has steps: the first
+    is the reset's info, or in a later chunk the previous chunk's last step, counted there."""
+    from crossrl.core.envs import SCORE_KEY
+
+    infos = chunk.get_infos()
+    if len(infos) > 1 and SCORE_KEY in infos[-1]:
+        return float(sum(info[SCORE_KEY] for info in infos[1:]))
+    return float(chunk.get_return())
 
 
 def sampler_config(
@@ -489,6 +505,8 @@ class RllibAdapter:
             config = build_config(trial, plan=plan, env_name=env_name)
             algo = config.build_algo()
             native = native_config(config)
+            if trial.env.resolved_reward_clip:  # clip_rewards above is the old stack's, unread by the new one
+                native["crossrl_reward_clip"] = "SignRewardKeepScore around the env; returns from info crossrl_score"
             to_point: Callable[[Any], dict[str, Any]]
             if trial.env.multi_agent:
                 from crossrl.adapters import rllib_multi

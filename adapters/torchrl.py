@@ -385,6 +385,8 @@ class TorchrlAdapter:
                     "collector": collector_desc,
                     "env": f"TransformedEnv(SerialEnv({trial.envs_per_worker} x GymWrapper(make_env({trial.env.id}))), "
                     "Compose(StepCounter(), RewardSum()))",
+                    "reward_clip": "sign(next.reward) after the episode returns are read, before the learner"
+                    if trial.env.resolved_reward_clip else None,
                     **learner.native(),
                     "hyperparams": {k: {"value": v, "torchrl": mapping_for(trial.algorithm)[k].torchrl}
                                     for k, v in trial.hyperparams.items() if k in mapping_for(trial.algorithm)},
@@ -393,7 +395,7 @@ class TorchrlAdapter:
                 }
             )  # fmt: skip
             sink.start_clock()
-            train_loop(collector=collector, learner=learner, sink=sink)
+            train_loop(collector=collector, learner=learner, sink=sink, reward_clip=trial.env.resolved_reward_clip)
         finally:
             collector.shutdown()
 
@@ -407,10 +409,26 @@ def single_agent_episodes(data: TensorDictBase) -> tuple[list[float], list[int],
     return returns, lengths, {}
 
 
-def train_loop(*, collector: Any, learner: Any, sink: MetricSink, episodes: Episodes = single_agent_episodes) -> None:
+def clip_rewards_(data: TensorDictBase) -> TensorDictBase:
+    """``data``'s rewards (``("next", "reward")``) replaced by their sign, in place: what the learner then sees.
+    The env's ``RewardSum`` has already counted the raw ones into ``episode_reward``."""
+    reward = data.get(("next", "reward"))
+    data.set(("next", "reward"), reward.sign())
+    return data
+
+
+def train_loop(
+    *,
+    collector: Any,
+    learner: Any,
+    sink: MetricSink,
+    episodes: Episodes = single_agent_episodes,
+    reward_clip: bool = False,
+) -> None:
     """Sample, learn, sync weights, report; until the sink's budget is spent. ``episodes(data)``: the returns and
     lengths of the episodes that ended in a batch, and values to report beside them (a multi-agent env's
-    per-agent returns)."""
+    per-agent returns). ``reward_clip``: the learner gets the batch's rewards as their sign, once the episodes'
+    raw returns are read."""
     batches = iter(collector)
     sampled = trained = 0
     while not sink.exhausted:
@@ -422,6 +440,8 @@ def train_loop(*, collector: Any, learner: Any, sink: MetricSink, episodes: Epis
             raise
         t1 = time.perf_counter()
         returns, lengths, episode_values = episodes(data)
+        if reward_clip:
+            clip_rewards_(data)
         sampled += data.numel()
         n_trained, losses = learner.learn(data)
         trained += n_trained

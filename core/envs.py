@@ -32,6 +32,21 @@ class StepLatency(gym.Wrapper):
         return self.env.step(action)
 
 
+SCORE_KEY = "crossrl_score"
+"""The info key :class:`SignRewardKeepScore` keeps each step's raw reward under."""
+
+
+class SignRewardKeepScore(gym.Wrapper):
+    """Steps return ``sign(reward)`` (what a learner that sees only the env's reward then learns from) and keep the
+    raw reward in ``info[SCORE_KEY]`` (what the game scored, which crossrl reports); for engines whose learners
+    read rewards straight from the env's steps (RLlib's env runners)."""
+
+    def step(self, action: Any):  # type: ignore[override]
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        score = float(reward)
+        return obs, float(np.sign(score)), terminated, truncated, {**info, SCORE_KEY: score}
+
+
 class MinAtarFrames(gym.ObservationWrapper):
     """MinAtar's boolean channels [10, 10, C] as uint8 frames of 0 and 255 (what every model scales by 1/255)."""
 

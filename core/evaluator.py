@@ -67,6 +67,7 @@ class PolicyEvaluator:
         )
         act_space = self.env.single_action_space
         self._clip = (act_space.low, act_space.high) if isinstance(act_space, gym.spaces.Box) else None
+        self._reward_clip = env_spec.resolved_reward_clip  # learn on sign(reward); episode returns stay raw
         obs, _ = self.env.reset(seed=seed)
         self._obs = np.asarray(obs)
         self._autoreset = np.zeros(num_envs, bool)  # True: the env's next step is a reset, not a transition
@@ -118,6 +119,8 @@ class PolicyEvaluator:
         valid = np.concatenate([~self._autoreset[None], ~ended[:-1]], axis=0)
         self._autoreset = ended[-1].copy()
         ep_returns, ep_lengths = self._episode_stats(rewards, valid, ended & valid)
+        if self._reward_clip:  # after the raw scores are counted: the policy learns from the clipped ones
+            np.sign(rewards, out=rewards)
         next_obs = np.concatenate([obs_buf[1:], self._obs[None]], axis=0)
         cols.update(
             {

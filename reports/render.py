@@ -309,7 +309,7 @@ def _document(
     )
 
 
-def _md_cell(s: str) -> str:
+def md_cell(s: str) -> str:
     # GitHub renders inline HTML in tables: a reason like "<no async gradients>" would vanish.
     s = " ".join(s.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
     return s if len(s) <= 240 else s[:239] + "…"
@@ -328,7 +328,7 @@ def _markdown(doc: Mapping[str, Any], tables: Sequence[Table]) -> str:
         if t.rows:
             lines.append("| " + " | ".join(t.headers) + " |")
             lines.append("|" + "|".join("---" for _ in t.headers) + "|")
-            lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in t.rows]
+            lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in t.rows]
             lines.append("")
         if t.note:
             lines += [f"_{t.note}_", ""]
@@ -346,7 +346,7 @@ def _env_lines(doc: Mapping[str, Any]) -> list[str]:
     return out
 
 
-_CSS = """
+REPORT_CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1a1a1a;margin:0 auto;
 max-width:1100px;padding:24px}
 h1{font-size:24px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
@@ -360,7 +360,7 @@ figure{margin:16px 0}figure svg{max-width:100%;height:auto}figcaption{color:#444
 """
 
 
-def _html_table(t: Table) -> str:
+def html_table(t: Table) -> str:
     head = "".join(
         f'<th class="{"text" if i in t.text_columns else "num"}">{html.escape(h)}</th>' for i, h in enumerate(t.headers)
     )
@@ -396,10 +396,10 @@ def _html(doc: Mapping[str, Any], tables: Sequence[Table], figures: Sequence[Fig
         f"<code>{esc(doc['parent_run_id'])}</code> · {esc(doc['created'])} · {esc(by_status)}</p>",
         f'<p class="meta">command: <code>{esc(doc["command"])}</code></p>' if doc["command"] else "",
         mixed,
-        _html_table(tables[0]),
+        html_table(tables[0]),
         "<h2>Figures</h2>",
         figs,
-        *(_html_table(t) for t in tables[1:]),
+        *(html_table(t) for t in tables[1:]),
         f"<h2>Machine and versions</h2><ul>{env}</ul>",
         f"<h2>Spec</h2><pre>{esc(spec)}</pre>",
     ]
@@ -408,7 +408,7 @@ def _html(doc: Mapping[str, Any], tables: Sequence[Table], figures: Sequence[Fig
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         # An empty icon stops the browser from asking for /favicon.ico: the file needs nothing else.
         '<link rel="icon" href="data:,">'
-        f"<title>crossrl report: {esc(doc['scenario'])}</title><style>{_CSS}</style></head>"
+        f"<title>crossrl report: {esc(doc['scenario'])}</title><style>{REPORT_CSS}</style></head>"
         f"<body>{''.join(parts)}</body></html>\n"
     )
 

@@ -75,7 +75,7 @@ def load(
     """
     path = resolve(name_or_path)
     label = spec_label(path)
-    raw = _parse(_read_text(path, label), label)
+    raw = read_yaml(path, label)
     if raw is None:
         raise SpecError(
             [f"{label}: the file is empty; a spec is a mapping of fields (name, env, algorithm, budget, ...)"]
@@ -87,6 +87,17 @@ def load(
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
     return validate(raw, label=label, engines=engines), path
+
+
+def read_yaml(path: Path, label: str) -> Any:
+    """A spec file parsed (UTF-8 text, YAML with crossrl's checks: duplicate keys, depth, numbers); SpecError
+    with the file and line otherwise."""
+    return _parse(_read_text(path, label), label)
+
+
+def validation_problems(err: ValidationError, label: str) -> list[str]:
+    """One line per problem of a pydantic error, each naming the file and the field."""
+    return [f"{label}: {line}" for e in err.errors() for line in _describe_lines(e)]
 
 
 def validate(raw: dict[str, Any], *, label: str, engines: Collection[str] = ENGINES) -> ScenarioSpec:

@@ -86,9 +86,24 @@ class EnvSpec(BaseModel):
             "null (the default): chosen from the id, 'atari' for ALE/..., 'minatar' for MinAtar/..., else 'none'"
         ),
     )
+    reward_clip: bool | None = Field(
+        default=None,
+        description=(
+            "train on the sign of each step's reward (-1, 0, +1; DQN's Atari setting) while the reported returns stay "
+            "the game's raw scores, on every engine. null (the default): on with 'atari' preprocessing, else off. "
+            "Single-agent envs only"
+        ),
+    )
     step_latency_ms: float = Field(
         default=0.0, ge=0, le=10_000, description="wall time added per env step (sleep: costs time, not CPU)"
     )
+
+    @property
+    def resolved_reward_clip(self) -> bool:
+        """``reward_clip``, or the preprocessing's default when it is null (on for 'atari')."""
+        if self.reward_clip is not None:
+            return self.reward_clip
+        return self.resolved_preprocessing == "atari"
 
     @property
     def resolved_preprocessing(self) -> Preprocessing:
@@ -148,6 +163,11 @@ class EnvSpec(BaseModel):
             raise ValueError(
                 f"preprocessing: {self.preprocessing!r} is for single-agent gymnasium envs; a multi-agent env (agents "
                 "set) takes 'none' or null"
+            )
+        if self.agents is not None and self.reward_clip:
+            raise ValueError(
+                "reward_clip: true is for single-agent envs; a multi-agent env (agents set) trains on its raw rewards: "
+                "remove reward_clip or set it to false"
             )
         return self
 
@@ -515,6 +535,10 @@ class ScenarioSpec(BaseModel):
             data["env"].pop("agents")
         if self.env.resolved_preprocessing != "none":
             data["env"]["preprocessing"] = self.env.resolved_preprocessing
+        # Reward clipping likewise as resolved, left out when off (every run before it trained on raw rewards).
+        data["env"].pop("reward_clip")
+        if self.env.resolved_reward_clip:
+            data["env"]["reward_clip"] = True
         if not self.algorithm.model.conv:
             data["algorithm"]["model"].pop("conv")
         return data

@@ -1,6 +1,7 @@
 """Pixels end to end: `crossrl run minatar-smoke` (PPO, MinAtar Breakout's uint8 frames, a small conv model) and
 `crossrl run atari-smoke` (PPO, ALE Breakout with the standard preprocessing, the Nature CNN) FINISHED on every
-engine, each engine's native config naming the conv stack it built (about 90 s each on 2 cores)."""
+engine, each engine's native config naming the conv stack it built (about 90 s each on 2 cores); likewise the two
+scenarios nobody tuned, `atari-untuned` (IMPALA on SpaceInvaders) and `minatar-untuned` (DQN on Asterix)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from crossrl.scenarios.loader import load
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("scenario", ["minatar-smoke", "atari-smoke"])
+@pytest.mark.parametrize("scenario", ["minatar-smoke", "atari-smoke", "atari-untuned", "minatar-untuned"])
 def test_pixel_smoke_finishes_on_every_engine(scenario: str, tmp_path: Path) -> None:
     results = tmp_path / "results"
     proc = subprocess.run(
@@ -41,13 +42,17 @@ def test_pixel_smoke_finishes_on_every_engine(scenario: str, tmp_path: Path) -> 
         hist = loaded.points[loaded.points.run_id == row["run_id"]]
         steps = hist[hist.metric == M.ENV_STEPS_SAMPLED].value.tolist()
         assert steps and max(steps) >= spec.budget.env_steps, f"{name}: env steps {steps}"
-        # Breakout scores points per brick: episodes ended, with finite non-negative returns
+        # Breakout, SpaceInvaders and Asterix score points: episodes ended, with finite non-negative returns
         returns = hist[hist.metric == M.EPISODE_RETURN_MEAN].value
         assert len(returns) and all(math.isfinite(v) and v >= 0 for v in returns), f"{name}: {list(returns)}"
         native = json.loads(Path(store.client.download_artifacts(row["run_id"], "native_config.json")).read_text())
         conv = {
             "crossrl": lambda n: n["model"]["conv"] == conv_spec,
             "rllib": lambda n: n["_model_config"]["conv_filters"] == [[*layer, "valid"] for layer in conv_spec],
-            "torchrl": lambda n: "ConvNet" in n["networks"]["actor"] and "FramesIn" in n["networks"]["critic"],
+            "torchrl": lambda n: (
+                "ConvNet" in n["networks"]["q"]
+                if spec.algorithm.name == "dqn"
+                else "ConvNet" in n["networks"]["actor"] and "FramesIn" in n["networks"]["critic"]
+            ),
         }[row["engine"]]
         assert conv(native), f"{name}: native config does not show the conv model"
