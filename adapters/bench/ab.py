@@ -163,6 +163,9 @@ class Server:
         ready, _, _ = select.select([self._rep], [], [], timeout_s)
         line = self._rep.readline() if ready else ""
         if not line:
+            if ready:  # the reply pipe closed: the process is ending, let it finish writing its traceback
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=10)
             tail = self.log.read_text(errors="replace")[-1500:] if self.log.exists() else ""
             why = f"no reply within {timeout_s:.0f} s" if not ready else "it ended"
             raise ABError(f"the {self.name} measurement process failed ({why}); its log ends:\n{tail}")
