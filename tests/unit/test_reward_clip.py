@@ -113,3 +113,67 @@ def test_torchrl_batch_clipped_after_the_episode_returns_are_read() -> None:
     clip_rewards_(data)
     assert data["next", "reward"].flatten().tolist() == [1.0, 0.0, -1.0]
     assert data["next", "episode_reward"].flatten().tolist() == [3.0, 3.0, 2.5]
+
+
+def test_rllib_env_creator_wraps_the_env_only_when_clipping() -> None:
+    from crossrl.adapters.rllib import env_creator
+
+    clipped = env_creator({"env_spec": EnvSpec(id="ALE/Breakout-v5").model_dump(mode="json")})
+    plain = env_creator({"env_spec": EnvSpec(id="MinAtar/Breakout-v1").model_dump(mode="json")})
+    assert isinstance(clipped, SignRewardKeepScore) and not isinstance(plain, SignRewardKeepScore)
+    clipped.close()
+    plain.close()
+
+
+class _Collector:
+    """One batch, then the sink is spent: what :func:`train_loop` iterates and syncs."""
+
+    def __init__(self, data: TensorDict) -> None:
+        self.data = data
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield self.data
+
+    def update_policy_weights_(self) -> None:
+        pass
+
+
+class _Learner:
+    always_sync = False
+
+    def __init__(self) -> None:
+        self.rewards: list[float] = []
+
+    def learn(self, data: TensorDict) -> tuple[int, dict[str, float]]:
+        self.rewards = data["next", "reward"].flatten().tolist()
+        return 0, {}
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.exhausted = False
+        self.returns: list[float] = []
+
+    def point(self, *, episode_returns: list[float], **_: object) -> None:
+        self.returns, self.exhausted = list(episode_returns), True
+
+
+@pytest.mark.parametrize("reward_clip", [True, False])
+def test_torchrl_train_loop_hands_the_learner_clipped_rewards_and_reports_raw_returns(reward_clip: bool) -> None:
+    from crossrl.adapters.torchrl import train_loop
+
+    data = TensorDict(
+        {
+            "next": {
+                "reward": torch.tensor([[3.0], [3.0]]),
+                "episode_reward": torch.tensor([[3.0], [6.0]]),
+                "done": torch.tensor([[False], [True]]),
+                "step_count": torch.tensor([[1], [2]]),
+            }
+        },
+        batch_size=[2],
+    )
+    learner, sink = _Learner(), _Sink()
+    train_loop(collector=_Collector(data), learner=learner, sink=sink, reward_clip=reward_clip)  # type: ignore[arg-type]
+    assert learner.rewards == ([1.0, 1.0] if reward_clip else [3.0, 3.0])
+    assert sink.returns == [6.0]
