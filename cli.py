@@ -197,6 +197,10 @@ def scenarios() -> None:
     for name, path in builtin().items():
         s, _ = load(str(path))
         console.print(f"[bold]{name}[/bold]: {' '.join(s.description.split())}")
+    from crossrl.scenarios.table import builtin_tables
+
+    if builtin_tables():
+        console.print(f"tables (`crossrl table list`, `crossrl table run NAME`): {', '.join(builtin_tables())}")
 
 
 @app.command()
@@ -511,6 +515,174 @@ def ab(
     if not no_store:
         _store_bench("ab", result, tracking_uri=tracking_uri, results_dir=results_dir, console=console)
     raise typer.Exit(1 if result.regressions() else 0)
+
+
+table_app = typer.Typer(
+    help="Comparison tables: games x (engine, algorithm, workers), e.g. the seed's Atari table.",
+    no_args_is_help=True,
+)
+app.add_typer(table_app, name="table")
+
+TableRows = Annotated[
+    str | None, typer.Option("--rows", help="only these rows (env ids, comma-separated), e.g. ALE/Breakout-v5")
+]
+TableWorkers = Annotated[int | None, typer.Option("--workers", help="every column's worker count")]
+TableTrainSeconds = Annotated[
+    float | None, typer.Option("--train-seconds", help="training wall time per trial (the time budget)")
+]
+TableSteps = Annotated[int | None, typer.Option("--steps", help="env-step budget per trial")]
+RandomEpisodes = Annotated[
+    int, typer.Option("--random-episodes", help="episodes of random play per row for the table (0: none)")
+]
+
+
+def _load_table(
+    name: str,
+    rows: str | None,
+    *,
+    engines: str | None = None,
+    workers: int | None = None,
+    seeds: str | None = None,
+    train_seconds: float | None = None,
+    steps: int | None = None,
+) -> Any:
+    """The table and its cells (exit 2 with one line per problem, each row's env built once)."""
+    from crossrl.adapters.registry import engine_ids
+    from crossrl.core.envs import env_problems
+    from crossrl.scenarios.loader import SpecError
+    from crossrl.scenarios.table import load_table
+
+    overrides: dict[str, Any] = {}
+    if engines:
+        overrides["engines"] = [e.strip() for e in engines.split(",") if e.strip()]
+    if workers is not None:
+        overrides["workers"] = workers
+    if seeds:
+        overrides["seeds"] = _csv_ints(seeds, "--seeds")
+    if train_seconds is not None:
+        overrides["train_seconds"] = train_seconds
+    if steps is not None:
+        overrides["env_steps"] = steps
+    wanted = [r.strip() for r in rows.split(",") if r.strip()] if rows else None
+    try:
+        table, cells = load_table(name, rows=wanted, overrides=overrides, engines=engine_ids())
+    except SpecError as e:
+        _fail(e.problems)
+    problems = []
+    for row_cell in {c.env.id: c for c in cells}.values():
+        problems += [f"{table.name}: {p}" for p in env_problems(row_cell.env)]
+    if problems:
+        _fail(problems)
+    return table, cells
+
+
+def _table_report(store: Any, table: Any, cells: Any, *, random_episodes: int, out_dir: Path) -> None:
+    from crossrl.core.envs import random_returns
+    from crossrl.reports.table import collect, render, tables
+
+    random_scores: dict[str, float] = {}
+    if random_episodes > 0:
+        for cell in {c.env.id: c for c in cells}.values():
+            team, _ = random_returns(cell.env, episodes=random_episodes)
+            random_scores[cell.env.id] = sum(team) / len(team)
+    parts = tables(table, collect(store, table, cells), random_scores=random_scores)
+    md, page = render(table, parts, out_dir=out_dir, command=" ".join(sys.argv))
+    _console().print(md.read_text())
+    typer.echo(f"table: {page}")
+    typer.echo(f"       {md}")
+
+
+@table_app.command("list")
+def table_list() -> None:
+    """The built-in tables, with their rows and columns."""
+    from crossrl.scenarios.table import builtin_tables, load_table
+
+    console = _console()
+    for name in builtin_tables():
+        table, cells = load_table(name)
+        cols = ", ".join(f"{c.algorithm} x {c.workers} workers" for c in table.columns)
+        console.print(f"[bold]{name}[/bold]: {len(table.rows)} rows ({', '.join(table.rows)}) x {cols}; "
+                      f"{len(cells)} cells")  # fmt: skip
+        console.print(f"  {' '.join(table.description.split())}")
+
+
+@table_app.command("run")
+def table_run(
+    name: Annotated[str, typer.Argument(help="built-in table name or table YAML path (`crossrl table list`)")],
+    rows: TableRows = None,
+    engines_: Annotated[str | None, typer.Option("--engines", help="comma-separated subset")] = None,
+    workers: TableWorkers = None,
+    seeds: Annotated[str | None, typer.Option("--seeds", help="seeds, e.g. 0,1,2")] = None,
+    train_seconds: TableTrainSeconds = None,
+    steps: TableSteps = None,
+    random_episodes: RandomEpisodes = 5,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    report_dir: Annotated[Path | None, typer.Option("-o", "--report-dir", help="where the table goes")] = None,
+) -> None:
+    """Run every cell of a table (each an ordinary scenario, one after another; cells an engine cannot run are
+    recorded SKIPPED with the reason), then render the table from the store."""
+    from crossrl.adapters.runner import run_scenario
+    from crossrl.adapters.signals import Interrupted, stop_on_signals
+    from crossrl.reports.console import RunDisplay
+    from crossrl.reports.store import StoreError
+    from crossrl.scenarios import metrics as M
+    from crossrl.scenarios.loader import SpecError
+
+    table, cells = _load_table(
+        name, rows, engines=engines_, workers=workers, seeds=seeds, train_seconds=train_seconds, steps=steps
+    )
+    try:
+        store = _open_store(tracking_uri, results_dir)
+    except Exception as e:
+        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    bad = False
+    for i, cell in enumerate(cells, 1):
+        _console().print(f"[bold]{table.name}[/bold]: cell {i} of {len(cells)}, {cell.name}")
+        display = RunDisplay(_console(), cell)
+        try:
+            with stop_on_signals(), display:
+                outcome = run_scenario(
+                    cell, store=store, skip_unsupported=True, progress=display.event, command=" ".join(sys.argv)
+                )
+        except (SpecError, StoreError) as e:
+            _fail(e.problems if isinstance(e, SpecError) else [str(e)])
+        except KeyboardInterrupt as e:
+            raise typer.Exit(Interrupted.of(e).exit_code) from None
+        display.summary(outcome, store)
+        if outcome.interrupted:
+            raise typer.Exit(Interrupted(outcome.stop_signal or signal.SIGINT).exit_code)
+        if outcome.unsent:
+            _fail([f"{outcome.unsent} writes are not in {store.uri} yet; `crossrl sync {results_dir}` sends them"],
+                  EXIT_UNSENT)  # fmt: skip
+        bad |= any(r.status in (M.FAILED, M.TIMEOUT) for r in outcome.results)
+    _table_report(store, table, cells, random_episodes=random_episodes,
+                  out_dir=report_dir or results_dir / "reports" / table.name)  # fmt: skip
+    if bad:
+        raise typer.Exit(1)
+
+
+@table_app.command("report")
+def table_report(
+    name: Annotated[str, typer.Argument(help="built-in table name or table YAML path")],
+    rows: TableRows = None,
+    workers: TableWorkers = None,
+    train_seconds: TableTrainSeconds = None,
+    steps: TableSteps = None,
+    random_episodes: RandomEpisodes = 5,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    report_dir: Annotated[Path | None, typer.Option("-o", "--report-dir", help="where the table goes")] = None,
+) -> None:
+    """Render a table from the store: each cell's newest run (give the --workers, --train-seconds and --steps it
+    ran with: they are part of the cells' names and specs)."""
+    table, cells = _load_table(name, rows, workers=workers, train_seconds=train_seconds, steps=steps)
+    try:
+        store = _open_store(tracking_uri, results_dir)
+    except Exception as e:
+        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    _table_report(store, table, cells, random_episodes=random_episodes,
+                  out_dir=report_dir or results_dir / "reports" / table.name)  # fmt: skip
 
 
 baseline_app = typer.Typer(help="Baselines for `crossrl regress`.", no_args_is_help=True)
