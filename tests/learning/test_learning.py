@@ -48,6 +48,13 @@ CASES = [
     ("spread-ippo-independent", "crossrl"),
     ("spread-ippo-independent", "rllib"),
     ("spread-ippo-independent", "torchrl"),
+    # pixels: MinAtar Breakout (10x10x4 uint8 frames) with the MinAtar paper's network, target a mean return of 10
+    ("minatar-breakout-ppo", "crossrl"),
+    ("minatar-breakout-ppo", "rllib"),
+    ("minatar-breakout-ppo", "torchrl"),
+    ("minatar-breakout-impala", "crossrl"),
+    ("minatar-breakout-impala", "rllib"),
+    ("minatar-breakout-impala", "torchrl"),
 ]
 RANDOM_EPISODES = 200  # random play's return beside each row: episodes 0-199 of crossrl.core.envs.random_returns
 
