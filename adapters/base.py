@@ -8,9 +8,11 @@ derived metrics (throughput, episode statistics) so that every engine is measure
 
 from __future__ import annotations
 
+import base64
 import math
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from crossrl.scenarios import metrics as M
@@ -119,6 +121,10 @@ class MetricSink:
         """Extra tags for the trial's run, e.g. ``engine_version``."""
         self._emit({"kind": "tags", "tags": {k: str(v) for k, v in tags.items()}})
 
+    def artifact(self, name: str, data: bytes) -> None:
+        """A binary file stored as the trial's artifact ``name`` (e.g. ``clip.gif``); base64 in the message."""
+        self._emit({"kind": "artifact", "name": name, "data": base64.b64encode(data).decode("ascii")})
+
     # -- transport -------------------------------------------------------------------------------
     def _emit(self, message: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -137,6 +143,39 @@ class ListSink(MetricSink):
     @property
     def points(self) -> list[dict[str, float]]:
         return [m["values"] for m in self.messages if m["kind"] == "point"]
+
+
+CLIP_TAGS = ("clip", "clip.score", "clip.length", "clip.ended", "clip.seed")
+"""The trial's tags about its clip: the artifact's name, the episode's raw score, its length in env steps, whether it
+ended within the frame cap, the seed it was reset with (read by ``crossrl.reports.render``)."""
+
+
+def send_clip(sink: MetricSink, make_act: Callable[[], Callable[[Any], Any]]) -> None:
+    """Once training has ended, on a single-agent pixel env: one episode of the final policy from the trial's seed
+    (:func:`crossrl.core.clips.record_episode`), sent as the trial's artifact ``clip.gif`` with its score and
+    length as tags (:data:`CLIP_TAGS`). ``make_act()`` gives the engine's greedy rule (argmax of the logits or
+    Q-values) for one observation. Never raises: a clip that cannot be made is a warning line in the trial's log."""
+    trial = sink.trial
+    if trial.env.multi_agent or trial.env.resolved_preprocessing not in ("atari", "minatar"):
+        return
+    try:
+        from crossrl.core.clips import CLIP_FORMAT, encode_clip, record_episode
+
+        t0 = time.perf_counter()
+        rec = record_episode(trial.env, make_act(), seed=trial.seed)
+        data = encode_clip(rec.frames, rec.fps)
+        name = f"clip.{CLIP_FORMAT}"
+        sink.artifact(name, data)
+        values = (name, f"{rec.score:g}", str(rec.length), str(rec.ended).lower(), str(trial.seed))
+        sink.tags(**dict(zip(CLIP_TAGS, values, strict=True)))
+        print(
+            f"clip: {len(rec.frames)} frames, score {rec.score:g} in {rec.length} steps, {len(data) / 1024:.0f} KiB, "
+            f"{time.perf_counter() - t0:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    except Exception as e:  # noqa: BLE001 - a clip is an extra: the trial stands without it
+        print(f"warning: no clip of the final policy: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from crossrl.adapters.base import MetricSink
+from crossrl.adapters.base import MetricSink, send_clip
 from crossrl.scenarios.spec import EnvSpec, ModelSpec, Trial
 
 if TYPE_CHECKING:
@@ -117,7 +117,8 @@ class CrossrlAdapter:
                     "envs_per_evaluator": trial.envs_per_worker,
                     "remote_num_cpus": remote_cpus,
                     "reward_clip": "sign(reward) in each sample batch, after the episode returns are counted"
-                    if trial.env.resolved_reward_clip else None,
+                    if trial.env.resolved_reward_clip
+                    else None,
                     "torch_threads_driver": torch.get_num_threads(),
                     # multi-agent: policy id -> the agents it acts for (crossrl.core.multi_agent)
                     **({"policies": getattr(evaluators.local, "groups", {})} if trial.env.multi_agent else {}),
@@ -140,6 +141,10 @@ class CrossrlAdapter:
                 if self.on_iteration is not None:
                     self.on_iteration(iteration, evaluators)
                 iteration += 1
+            running, optimizer = optimizer, None
+            running.stop()  # no learner thread changes the policy while its clip is recorded
+            local = evaluators.local
+            send_clip(sink, lambda: greedy_act(local.policy))
         finally:
             if optimizer is not None:
                 optimizer.stop()
@@ -147,6 +152,16 @@ class CrossrlAdapter:
                 evaluators.stop()
             if started_ray and trial.ray_address is None:
                 ray.shutdown()
+
+
+def greedy_act(policy: Policy) -> Callable[[Any], Any]:
+    """The policy's deterministic action for one observation: argmax of its logits or Q-values."""
+
+    def act(obs: Any) -> Any:
+        actions, _ = policy.compute_actions(obs[None], explore=False)
+        return actions[0]
+
+    return act
 
 
 def _version() -> str:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from crossrl.adapters.base import MetricSink
+from crossrl.adapters.base import MetricSink, send_clip
 from crossrl.adapters.rllib_results import (
     LOSS_KEYS,
     env_steps_sampled,
@@ -472,6 +472,27 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     }
 
 
+def greedy_act(algo: Any) -> Callable[[Any], Any]:
+    """The final policy's deterministic action for one observation: the learner's weights in the RLModule that
+    ``algo.get_module()`` returns, its ``forward_inference`` (DQN: the argmax of the Q-values; PPO and IMPALA: the
+    argmax of the logits)."""
+    import torch
+    from ray.rllib.core import DEFAULT_MODULE_ID
+
+    module = algo.get_module()
+    module.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
+    module.eval()
+
+    def act(obs: Any) -> int:
+        with torch.no_grad():
+            out = module.forward_inference({"obs": torch.as_tensor(obs)[None]})
+        if "actions" in out:
+            return int(out["actions"][0])
+        return int(torch.argmax(out["action_dist_inputs"][0]))
+
+    return act
+
+
 class RllibAdapter:
     """Ray RLlib 2.60, new API stack: PPO, IMPALA, DQN through AlgorithmConfig."""
 
@@ -531,6 +552,8 @@ class RllibAdapter:
                 if self.on_iteration is not None:
                     self.on_iteration(iteration, algo)
                 iteration += 1
+            built = algo
+            send_clip(sink, lambda: greedy_act(built))
         finally:
             if algo is not None:
                 algo.stop()

@@ -27,7 +27,7 @@ import torchrl
 from tensordict import TensorDictBase
 from torchrl.envs import Compose, EnvBase, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
-from crossrl.adapters.base import MetricSink
+from crossrl.adapters.base import MetricSink, send_clip
 from crossrl.adapters.torchrl_algos import build_learner
 from crossrl.core.envs import make_env
 from crossrl.scenarios import metrics as M
@@ -396,8 +396,21 @@ class TorchrlAdapter:
             )  # fmt: skip
             sink.start_clock()
             train_loop(collector=collector, learner=learner, sink=sink, reward_clip=trial.env.resolved_reward_clip)
+            send_clip(sink, lambda: greedy_act(learner))
         finally:
             collector.shutdown()
+
+
+def greedy_act(learner: Any) -> Callable[[Any], int]:
+    """The learner's final policy, deterministic, for one observation: the argmax of its policy network's logits
+    (PPO, A2C, A3C, IMPALA) or of its Q-network's values (DQN), without TorchRL's sampling or epsilon-greedy."""
+    net = learner.qnet if hasattr(learner, "qnet") else learner.actor_net
+
+    def act(obs: Any) -> int:
+        with torch.no_grad():
+            return int(torch.argmax(net(torch.as_tensor(obs)[None])[0]))
+
+    return act
 
 
 Episodes = Callable[[TensorDictBase], tuple[list[float], list[int], dict[str, float]]]

@@ -4,7 +4,9 @@ cluster (``crossrl.adapters.fanout``)."""
 
 from __future__ import annotations
 
+import base64
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,9 +71,9 @@ def summarize(
 
 
 class TrialRecorder:
-    """A trial's messages (``point``, ``setup``, ``tags``, ``native_config``, ``error``, ``done``) into its result
-    and the store, points in batches; then its end. Used for trials in a child process (:func:`_run_one`) and
-    for trials fanned out over a Ray cluster (``crossrl.adapters.fanout``)."""
+    """A trial's messages (``point``, ``setup``, ``tags``, ``native_config``, ``artifact``, ``error``, ``done``) into
+    its result and the store, points in batches; then its end. Used for trials in a child process (:func:`_run_one`)
+    and for trials fanned out over a Ray cluster (``crossrl.adapters.fanout``)."""
 
     def __init__(self, trial: Trial, *, store: ResultsStore, run_id: str, progress: Progress) -> None:
         self.trial, self.store, self.run_id, self.progress = trial, store, run_id, progress
@@ -95,10 +97,19 @@ class TrialRecorder:
             self.store.set_tags(self.run_id, msg["tags"], what="engine tags")
         elif kind == "native_config":
             self.store.log_native_config(self.run_id, msg["config"])
+        elif kind == "artifact":
+            self.log_artifact(str(msg["name"]), base64.b64decode(msg["data"]))
         elif kind == "error":
             self.error = msg
         elif kind == "done":
             self.done = True
+
+    def log_artifact(self, name: str, data: bytes) -> None:
+        """A binary artifact of the trial (the store, or its journal, copies the file before this returns)."""
+        with tempfile.TemporaryDirectory(prefix="crossrl-artifact-") as tmp:
+            path = Path(tmp) / Path(name).name
+            path.write_bytes(data)
+            self.store.log_file(self.run_id, path)
 
     def flush(self) -> None:
         if self.pending:

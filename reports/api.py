@@ -15,7 +15,9 @@ def make_report(store: ResultsStore, *, parent_id: str, out_dir: Path) -> Any:
     loaded = store.load(parent_id=parent_id)
     meta = {**loaded.meta, "spec": store.spec(parent_id)}
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = build_report(trials=loaded.trials, points=loaded.points, meta=meta, out_dir=out_dir)
+    paths = build_report(
+        trials=loaded.trials, points=loaded.points, meta=meta, out_dir=out_dir, read_artifact=store.artifact_bytes
+    )
     for path in (paths.html, paths.markdown, paths.json):
         store.log_file(parent_id, Path(path), "report")
     return paths

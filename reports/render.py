@@ -9,10 +9,12 @@ holds every number of the tables with the fingerprint, versions and machine, for
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,6 +232,102 @@ def _tables(st: S.ReportStats) -> list[Table]:
     return tables
 
 
+@dataclass(frozen=True)
+class Clip:
+    """One engine's final policy playing one episode (a trial's clip artifact, see ``crossrl.adapters.base.send_clip``)."""
+
+    engine: str
+    trial: str
+    workers: int
+    seed: int
+    score: float
+    length: int
+    ended: bool  # False: the episode was cut at the frame cap
+    name: str  # the artifact's name, e.g. clip.gif
+    data: bytes
+
+    @property
+    def mime(self) -> str:
+        return "image/webp" if self.name.endswith(".webp") else "image/gif"
+
+    @property
+    def file(self) -> str:
+        """Where report.md links it, next to the report."""
+        suffix = self.name.rsplit(".", 1)[-1] if "." in self.name else "gif"
+        return f"clips/{re.sub(r'[^A-Za-z0-9_.-]', '_', self.trial)}.{suffix}"
+
+    def caption(self) -> str:
+        cut = "" if self.ended else " (cut at the frame cap)"
+        return f"score {self.score:g} in {self.length:,} steps{cut} · seed {self.seed} · {self.trial}"
+
+
+CLIPS_NOTE = (
+    "Each engine's final policy playing one episode of the env it trained on, from the trial's seed (the first "
+    "seed's trial of each engine, its fewest workers), acting greedily (the argmax of its logits or Q-values); "
+    "the score is the game's raw score."
+)
+
+
+def _clips(trials: pd.DataFrame, meta: Mapping[str, Any], read: Callable[[str, str], bytes] | None) -> list[Clip]:
+    """Per engine, the clip of its first seed's FINISHED trial that has one (seeds in the spec's order, then the
+    fewest workers); none when the trials have no clip or there is no ``read(run_id, artifact)``. A clip that
+    cannot be read is left out."""
+    if read is None or "clip" not in trials.columns:
+        return []
+    have = trials[(trials["status"] == S.COUNTED_STATUS) & (trials["clip"].fillna("").astype(str) != "")]
+    spec_seeds = list((meta.get("spec") or {}).get("seeds") or [])
+    order = {int(s): i for i, s in enumerate(spec_seeds)}
+    out = []
+    for engine in sorted({str(e) for e in have["engine"]}, key=S.engine_sort_key):
+        rows = have[have["engine"] == engine]
+        ranked = sorted(
+            rows.itertuples(), key=lambda r: (order.get(int(r.seed), len(order)), int(r.seed), int(r.workers))
+        )
+        for r in ranked:
+            try:
+                data = bytes(read(str(r.run_id), str(r.clip)))
+            except Exception:  # noqa: BLE001 - a clip the store cannot give: the next seed's, or none
+                continue
+            score = float(r.clip_score) if _fin(r.clip_score) else math.nan
+            length = int(r.clip_length) if _fin(r.clip_length) else 0
+            out.append(
+                Clip(
+                    engine,
+                    str(r.trial),
+                    int(r.workers),
+                    int(r.seed),
+                    score,
+                    length,
+                    bool(r.clip_ended),
+                    str(r.clip),
+                    data,
+                )
+            )
+            break
+    return out
+
+
+def _clips_html(clips: Sequence[Clip]) -> str:
+    if not clips:
+        return ""
+    esc = html.escape
+    items = "".join(
+        f'<figure class="clip" id="clip-{esc(c.engine)}"><h3>{esc(c.engine)}</h3>'
+        f'<img src="data:{c.mime};base64,{base64.b64encode(c.data).decode("ascii")}" '
+        f'alt="{esc(c.engine)}: final policy, one episode"><figcaption>{esc(c.caption())}</figcaption></figure>'
+        for c in clips
+    )
+    return f'<h2 id="final-policies">Final policies</h2><div class="clips">{items}</div><p class="note">{esc(CLIPS_NOTE)}</p>'
+
+
+def _clips_markdown(clips: Sequence[Clip]) -> list[str]:
+    if not clips:
+        return []
+    lines = ["## Final policies", ""]
+    lines += [f"- **{c.engine}**: {md_cell(c.caption())} · [{c.file}]({c.file})" for c in clips]
+    return [*lines, "", f"_{CLIPS_NOTE}_", ""]
+
+
 def _engine_versions(trials: pd.DataFrame) -> dict[str, list[str]]:
     if "engine_version" not in trials:
         return {}
@@ -315,7 +413,7 @@ def md_cell(s: str) -> str:
     return s if len(s) <= 240 else s[:239] + "…"
 
 
-def _markdown(doc: Mapping[str, Any], tables: Sequence[Table]) -> str:
+def _markdown(doc: Mapping[str, Any], tables: Sequence[Table], clips: Sequence[Clip] = ()) -> str:
     lines = [
         f"# crossrl report: {doc['scenario']}",
         "",
@@ -332,6 +430,7 @@ def _markdown(doc: Mapping[str, Any], tables: Sequence[Table]) -> str:
             lines.append("")
         if t.note:
             lines += [f"_{t.note}_", ""]
+    lines += _clips_markdown(clips)
     lines += ["## Machine and versions", "", *_env_lines(doc), ""]
     spec = yaml.safe_dump(doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)\n"
     lines += ["<details><summary>Spec</summary>", "", "```yaml", spec.rstrip(), "```", "", "</details>", ""]
@@ -356,7 +455,8 @@ table{border-collapse:collapse;margin:6px 0}th,td{padding:3px 10px;border-bottom
 vertical-align:top}th{background:#f2f4f7}.num{text-align:right;font-variant-numeric:tabular-nums}
 .text{text-align:left;max-width:560px;white-space:pre-wrap;overflow-wrap:anywhere}.note{color:#555;font-size:12px}
 figure{margin:16px 0}figure svg{max-width:100%;height:auto}figcaption{color:#444;font-size:12px}
-.bad{color:#a40000}
+.bad{color:#a40000}.clips{display:flex;flex-wrap:wrap;gap:12px 24px}.clip{margin:8px 0}
+.clip h3{margin:0 0 4px;font-size:14px}.clip img{display:block;image-rendering:pixelated;border:1px solid #ddd}
 """
 
 
@@ -375,7 +475,9 @@ def html_table(t: Table) -> str:
     return f"<h2>{html.escape(t.title)}</h2>" + (table if t.rows else "") + note
 
 
-def _html(doc: Mapping[str, Any], tables: Sequence[Table], figures: Sequence[Figure]) -> str:
+def _html(
+    doc: Mapping[str, Any], tables: Sequence[Table], figures: Sequence[Figure], clips: Sequence[Clip] = ()
+) -> str:
     esc = html.escape
     by_status = ", ".join(f"{n} {s}" for s, n in doc["trials"]["by_status"].items())
     mixed = (
@@ -399,6 +501,7 @@ def _html(doc: Mapping[str, Any], tables: Sequence[Table], figures: Sequence[Fig
         html_table(tables[0]),
         "<h2>Figures</h2>",
         figs,
+        _clips_html(clips),
         *(html_table(t) for t in tables[1:]),
         f"<h2>Machine and versions</h2><ul>{env}</ul>",
         f"<h2>Spec</h2><pre>{esc(spec)}</pre>",
@@ -421,10 +524,14 @@ def build_report(
     out_dir: Path,
     rng_seed: int = 0,
     grid_points: int = S.GRID_POINTS,
+    read_artifact: Callable[[str, str], bytes] | None = None,
 ) -> ReportPaths:
     """Compute, draw and write report.html, report.md and report.json into ``out_dir`` (created).
 
-    ``rng_seed`` seeds the bootstrap, so the same frames give the same files.
+    ``rng_seed`` seeds the bootstrap, so the same frames give the same files. When the trials have clips of their
+    final policies (a ``clip`` column naming the artifact, as ``ResultsStore.load`` gives it) and
+    ``read_artifact(run_id, name)`` reads artifacts (``ResultsStore.artifact_bytes``), a "Final policies" section
+    shows one per engine (:func:`_clips`): inline in report.html, as files under ``clips/`` linked from report.md.
     """
     missing = {"run_id", "trial", "engine", "workers", "seed", "status", "reason"} - set(trials.columns)
     if trials.empty or missing:
@@ -434,10 +541,20 @@ def build_report(
     doc = _document(st=st, trials=trials, meta=meta, rng_seed=rng_seed, grid_points=grid_points)
     tables = _tables(st)
     figures = make_figures(st)
+    clips = _clips(trials, meta, read_artifact)
+    if clips:
+        doc["clips"] = [
+            _jsonable({k: getattr(c, k) for k in ("engine", "trial", "workers", "seed", "score", "length", "ended")})
+            | {"file": c.file}
+            for c in clips
+        ]
     out_dir.mkdir(parents=True, exist_ok=True)
+    for c in clips:
+        (out_dir / c.file).parent.mkdir(exist_ok=True)
+        (out_dir / c.file).write_bytes(c.data)
     paths = ReportPaths(out_dir / "report.html", out_dir / "report.md", out_dir / "report.json")
-    paths.html.write_text(_html(doc, tables, figures), encoding="utf-8")
-    paths.markdown.write_text(_markdown(doc, tables), encoding="utf-8")
+    paths.html.write_text(_html(doc, tables, figures, clips), encoding="utf-8")
+    paths.markdown.write_text(_markdown(doc, tables, clips), encoding="utf-8")
     paths.json.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return paths
 

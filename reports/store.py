@@ -540,6 +540,13 @@ class ResultsStore:
         meta[M.RAW_ENV_STEPS_PER_S] = sum(raw) / len(raw) if raw else math.nan
         return Loaded(trials=trials_df, points=points, meta=meta)
 
+    def artifact_bytes(self, run_id: str, name: str) -> bytes:
+        """The contents of one artifact of a run (e.g. a trial's ``clip.gif``)."""
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="crossrl-artifact-") as tmp:
+            return Path(self.client.download_artifacts(run_id, name, tmp)).read_bytes()
+
     def _history(self, run: Any) -> pd.DataFrame:
         run_id = run.info.run_id
         try:
@@ -601,6 +608,11 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "budget_env_steps": _int_or_zero(tags.get("budget_env_steps")),  # 0: a time budget only
         # a sweep's trial (`crossrl run --parallel`) that ran beside others on its node: contended speed
         "node_shared": tags.get("node.shared") == "true",
+        # a pixel env's clip of the final policy (crossrl.adapters.base.send_clip): artifact name, raw score, steps
+        "clip": tags.get("clip", ""),
+        "clip_score": _num(tags.get("clip.score")),
+        "clip_length": _num(tags.get("clip.length")),
+        "clip_ended": tags.get("clip.ended", "") != "false",
     }
     for k in ("workers", "envs_per_worker", "seed"):
         row[k] = int(row[k]) if str(row[k]).isdigit() else -1

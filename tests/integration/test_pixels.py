@@ -1,17 +1,22 @@
 """Pixels end to end: `crossrl run minatar-smoke` (PPO, MinAtar Breakout's uint8 frames, a small conv model) and
 `crossrl run atari-smoke` (PPO, ALE Breakout with the standard preprocessing, the Nature CNN) FINISHED on every
 engine, each engine's native config naming the conv stack it built (about 90 s each on 2 cores); likewise the two
-scenarios nobody tuned, `atari-untuned` (IMPALA on SpaceInvaders) and `minatar-untuned` (DQN on Asterix)."""
+scenarios nobody tuned, `atari-untuned` (IMPALA on SpaceInvaders) and `minatar-untuned` (DQN on Asterix). Every
+trial stores a clip of its final policy (`clip.gif`, its score and length as tags) and the report shows one per
+engine under "Final policies"."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from PIL import GifImagePlugin, Image
 
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
@@ -24,7 +29,7 @@ pytestmark = pytest.mark.integration
 def test_pixel_smoke_finishes_on_every_engine(scenario: str, tmp_path: Path) -> None:
     results = tmp_path / "results"
     proc = subprocess.run(
-        [sys.executable, "-m", "crossrl.cli", "run", scenario, "--results-dir", str(results), "--no-report"],
+        [sys.executable, "-m", "crossrl.cli", "run", scenario, "--results-dir", str(results)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -56,3 +61,14 @@ def test_pixel_smoke_finishes_on_every_engine(scenario: str, tmp_path: Path) -> 
             ),
         }[row["engine"]]
         assert conv(native), f"{name}: native config does not show the conv model"
+        # the final policy's clip: one greedy episode from the trial's seed, at most 400 frames
+        assert row["clip"] == "clip.gif", f"{name}: no clip artifact"
+        assert math.isfinite(row["clip_score"]) and row["clip_score"] >= 0, f"{name}: clip.score {row['clip_score']}"
+        assert row["clip_length"] >= 1, f"{name}: clip.length {row['clip_length']}"
+        gif = Image.open(io.BytesIO(store.artifact_bytes(row["run_id"], "clip.gif")))
+        assert isinstance(gif, GifImagePlugin.GifImageFile), f"{name}: clip.gif is {gif.format}"
+        assert 1 <= gif.n_frames <= 400, f"{name}: {gif.n_frames} frames"
+    page = (results / "reports" / scenario / "report.html").read_text()
+    assert '<h2 id="final-policies">Final policies</h2>' in page
+    clips = re.findall(r'<figure class="clip" id="clip-(\w+)"><h3>\w+</h3><img src="data:image/gif;base64,', page)
+    assert sorted(clips) == ["crossrl", "rllib", "torchrl"], clips
