@@ -773,7 +773,13 @@ def bench_sampling_cmd(
     envs_per_worker: Annotated[int, typer.Option("--envs-per-worker")] = 8,
     repeat: Annotated[int, typer.Option("--repeat", help="interleaved rounds")] = 3,
     seconds: Annotated[float, typer.Option("--seconds", help="timed seconds per measurement")] = 3.0,
-    engines_: Annotated[str, typer.Option("--engines")] = "raw,crossrl,rllib,torchrl",
+    engines_: Annotated[
+        str,
+        typer.Option(
+            "--engines",
+            help="raw: the env with random actions; limit: the env and the same network's forward pass, no framework",
+        ),
+    ] = "raw,limit,crossrl,rllib,torchrl",
     fragment: Annotated[
         str,
         typer.Option(
@@ -785,7 +791,11 @@ def bench_sampling_cmd(
     results_dir: ResultsDir = Path("crossrl-results"),
     no_store: NoStore = False,
 ) -> None:
-    """Env steps/s of pure sampling: raw gymnasium vector env, crossrl, RLlib, TorchRL (same MLP), interleaved."""
+    """Env steps/s of pure sampling: raw vector env, the limit, crossrl, RLlib, TorchRL (same network), interleaved.
+
+    The network: the scenario's model with --scenario; else the suite's conv model for a pixel env (MinAtar's one
+    conv, Atari's Nature CNN), a 64x64 tanh MLP otherwise. Peak RSS per env-stepping process is reported.
+    """
     from crossrl.adapters.bench.commands import bench_sampling
     from crossrl.adapters.bench.results import print_speed_table
 

@@ -7,7 +7,8 @@ diagonal Gaussian for ``Box``; each algorithm module subclasses it and supplies 
 :mod:`crossrl.core.numpy_net`; torch is imported only where the policy learns or computes gradients
 (the driver, A3C workers): a sampling-only evaluator actor keeps its weights as numpy and never
 imports torch (RSS per evaluator actor: ``crossrl bench overhead``). A conv policy acts through its
-torch modules (batched forward pass per step, uint8 frames in).
+torch modules (:class:`ConvFragmentActor`: the actor's batched forward pass per step on the uint8 frames as the
+envs give them; the critic's values for the whole fragment afterwards, in batches).
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ from crossrl.scenarios.spec import ModelSpec
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+# Frames per forward pass of the critic when a conv policy computes a fragment's values after sampling it. Per frame,
+# MinAtar's net cost ~14 us in passes of 8 frames (one env step of 8 envs) and ~5-7 us in passes of 128 or more;
+# the Nature CNN ~250 us at 8 and ~155-175 us at 32-256 (one torch thread, 2026-11-24).
+VALUE_CHUNK = 128
 
 
 class ActorCriticPolicy(Policy):
@@ -147,7 +153,7 @@ class ActorCriticPolicy(Policy):
 
     def fragment_actor(self, *, num_steps: int, num_envs: int) -> FragmentActor:
         if self.conv:
-            return super().fragment_actor(num_steps=num_steps, num_envs=num_envs)  # compute_actions per step
+            return ConvFragmentActor(self, num_steps=num_steps, num_envs=num_envs)
         return FusedFragmentActor(
             self._numpy_net(),
             obs_dim=self.obs_dim,
@@ -161,10 +167,7 @@ class ActorCriticPolicy(Policy):
     def value(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for ``obs[B, ...]`` -> ``[B]`` (float32)."""
         if self.conv:
-            import torch
-
-            with torch.no_grad():
-                return self.net["vf"](self._frames(obs))[:, 0].numpy()
+            return self.conv_values(obs)
         fused = self._numpy_net().layers
         return np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))[:, -1].copy()
 
@@ -180,6 +183,22 @@ class ActorCriticPolicy(Policy):
             out = torch.cat([self.net["pi"](x), self.net["vf"](x)], dim=1).numpy()
             log_std = None if self.discrete else self.net.get_parameter("log_std").numpy().copy()
         return out, log_std
+
+    def conv_values(self, obs: np.ndarray) -> np.ndarray:
+        """A conv critic's V(obs) for frames of any leading shape (``[T, N, H, W, C]``, ``[B, H, W, C]``) -> that
+        leading shape (float32): passes of :data:`VALUE_CHUNK` frames, the frames as they are (no copy)."""
+        import torch
+
+        from crossrl.core.models import inference_forward
+
+        lead = obs.shape[: obs.ndim - len(self.obs_shape)]
+        frames = np.ascontiguousarray(obs).reshape(-1, *self.obs_shape)
+        out = np.empty(len(frames), np.float32)
+        vf = inference_forward(self.net["vf"])
+        with torch.inference_mode():
+            for i in range(0, len(frames), VALUE_CHUNK):
+                out[i : i + VALUE_CHUNK] = vf(torch.from_numpy(frames[i : i + VALUE_CHUNK]))[:, 0].numpy()
+        return out.reshape(lead)
 
     def _frames(self, obs: np.ndarray) -> torch.Tensor:
         """Observations ``[B, ...]`` as a tensor ``[B, H, W, C]`` in their own dtype (uint8 frames stay uint8)."""
@@ -200,7 +219,13 @@ class ActorCriticPolicy(Policy):
 
     # -- postprocessing ------------------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
-        """Adds ADVANTAGES and VALUE_TARGETS (GAE) to a time-major batch, bootstrapping where episodes were cut."""
+        """Adds ADVANTAGES and VALUE_TARGETS (GAE) to a time-major batch, bootstrapping where episodes were cut.
+
+        A conv policy's fragment comes without VF_PREDS (:class:`ConvFragmentActor`): the critic's values of its
+        observations are computed here first, in batches, whatever the loss.
+        """
+        if self.conv and sb.VF_PREDS not in batch:
+            batch[sb.VF_PREDS] = self.conv_values(batch[sb.OBS])
         if not self.use_gae:
             return batch
         next_values = next_values_from(batch, self.value(batch[sb.NEXT_OBS][-1]))
@@ -322,6 +347,68 @@ class ActorCriticPolicy(Policy):
 
             self.net.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in weights.items()})
         self._np_cache = None
+
+
+class ConvFragmentActor:
+    """One fragment of acting through a conv policy's torch actor (a :class:`~crossrl.core.policy.FragmentActor`).
+
+    Per step, one batched forward pass of the actor (``pi``, through :func:`~crossrl.core.models.inference_forward`)
+    over the envs' observations as they come (``torch.from_numpy``: uint8 frames, no copy, no float copy; one torch
+    thread in an evaluator actor) under ``torch.inference_mode``, its logits written into the fragment's buffer, and
+    the action sampled from them.
+    Exploration noise for the whole fragment is drawn in one call, as :class:`~crossrl.core.numpy_net.FusedFragmentActor`
+    does: the same numbers, in the same order, as :meth:`ActorCriticPolicy.compute_actions` draws step by step, so the
+    same actions for the same seed. Log-probabilities come after the loop, for the whole fragment; the critic's
+    values too, in :meth:`ActorCriticPolicy.postprocess_trajectory` (batched passes over the fragment's observations,
+    which the evaluator keeps anyway: the weights do not change within a fragment, so they are the values a
+    per-step pass gives, at 35-70 % of the cost per frame).
+    """
+
+    def __init__(self, policy: ActorCriticPolicy, *, num_steps: int, num_envs: int) -> None:
+        import torch
+
+        from crossrl.core.models import inference_forward
+
+        self.inference_mode, self.from_numpy = torch.inference_mode, torch.from_numpy
+        net = policy.net
+        self.pi = inference_forward(net["pi"])
+        self.obs_shape = (num_envs, *policy.obs_shape)
+        self.discrete = policy.discrete
+        a = policy.act_dim
+        self.out = np.empty((num_steps, num_envs, a), np.float32)  # the actor's outputs: logits or means
+        rng = policy.rng
+        if self.discrete:
+            self.actions = np.empty((num_steps, num_envs), np.int64)
+            self.gumbel = -np.log(rng.standard_exponential((num_steps, num_envs, a), np.float32))
+            self.scores = np.empty((num_envs, a), np.float32)
+            self.log_std: np.ndarray | None = None
+        else:
+            self.noise = rng.standard_normal((num_steps, num_envs, a), np.float32)
+            self.log_std = net.get_parameter("log_std").detach().numpy().copy()
+            self.std = np.exp(self.log_std)
+            self.actions_f = np.empty((num_steps, num_envs, a), np.float32)
+
+    def __call__(self, obs: np.ndarray, t: int) -> np.ndarray:
+        if obs.shape != self.obs_shape:
+            obs = obs.reshape(self.obs_shape)
+        with self.inference_mode():
+            y = self.pi(self.from_numpy(obs)).numpy()
+        self.out[t] = y
+        if self.discrete:
+            actions: np.ndarray = self.actions[t]
+            np.add(y, self.gumbel[t], out=self.scores).argmax(1, out=actions)
+            return actions
+        self.actions_f[t] = y + self.std * self.noise[t]
+        return self.actions_f[t]
+
+    def columns(self) -> dict[str, np.ndarray]:
+        if self.discrete:
+            chosen = np.take_along_axis(self.out, self.actions[..., None], -1)
+            logp = -np.log(np.exp(self.out - chosen).sum(-1))  # log softmax of the chosen action, no overflow
+            return {sb.ACTIONS: self.actions, sb.LOGP: logp.astype(np.float32)}
+        assert self.log_std is not None
+        logp = (-0.5 * self.noise**2 - self.log_std - 0.5 * LOG_2PI).sum(-1)
+        return {sb.ACTIONS: self.actions_f, sb.LOGP: logp.astype(np.float32)}
 
 
 def next_values_from(batch: SampleBatch, bootstrap: np.ndarray) -> np.ndarray:

@@ -128,3 +128,13 @@ CROSSRL_SETTINGS: Final[dict[str, dict[str, Any]]] = {
     "dqn": {**_CROSSRL_REPLAY, "num_replay_shards": 1},
     "apex": {**_CROSSRL_REPLAY, "max_replay_lag": 2_000},
 }
+
+# The suite's standard conv models per pixel preprocessing (EnvSpec.resolved_preprocessing), as ModelSpec
+# fields: what `crossrl bench sampling --env <a pixel env>` samples with when no scenario names a model, and
+# what the built-in pixel scenarios set (tests/bench/test_pixel_bench.py checks that they agree).
+PIXEL_MODELS: Final[dict[str, dict[str, Any]]] = {
+    # The MinAtar paper's network (Young & Tian 2019): one 3x3 conv of 16 filters, a 128-unit layer.
+    "minatar": {"conv": [[16, 3, 1]], "hidden": [128], "activation": "relu"},
+    # The Nature CNN (Mnih et al. 2015): three convs, a 512-unit layer.
+    "atari": {"conv": [[32, 8, 4], [64, 4, 2], [64, 3, 1]], "hidden": [512], "activation": "relu"},
+}

@@ -27,12 +27,14 @@ from crossrl.adapters.bench.results import (
     add_scaling,
     speed_rows,
 )
-from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, measure
+from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, default_model, measure
 from crossrl.scenarios import catalog
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
-SAMPLING_ENGINES = ("raw", *catalog.ENGINES)  # raw: plain processes stepping the envs
+# raw: plain processes stepping the envs with random actions; limit: the same running the policy network too
+SAMPLING_ENGINES = ("raw", "limit", *catalog.ENGINES)
+SCALING_ENGINES = ("raw", *catalog.ENGINES)
 Progress = Callable[[str], None]  # one line of progress text
 
 
@@ -53,9 +55,10 @@ def _interleaved(
     fragments: Sequence[int | None],
     model: ModelSpec,
     progress: Progress | None,
+    rss: bool = False,
 ) -> list[SamplerResult]:
     """Round r: for each worker count and each fragment (None: :func:`auto_fragment`), every contestant once,
-    in order; ``repeat`` rounds."""
+    in order; ``repeat`` rounds. ``rss``: also read each env-stepping process's peak RSS."""
     if repeat < 1:
         raise ValueError(f"bench: repeat={repeat} must be >= 1")
     out = []
@@ -73,6 +76,7 @@ def _interleaved(
                         warmup_s=warmup_s,
                         fragment=fragment or auto_fragment(w, envs_per_worker),
                         optimizer=optimizer,
+                        rss=rss,
                     )
                     out.append(res)
                     frag = f" fragment {res.fragment}" if len(fragments) > 1 else ""
@@ -101,7 +105,7 @@ def bench_sampling(
     engines: Sequence[str] = SAMPLING_ENGINES,
     warmup_s: float = 1.0,
     fragment: int | None = None,
-    model: ModelSpec = DEFAULT_MODEL,
+    model: ModelSpec | None = None,
     progress: Progress | None = None,
 ) -> SpeedTable:
     """Pure-sampling env steps/s of each engine at each worker count, interleaved over ``repeat`` rounds.
@@ -109,18 +113,25 @@ def bench_sampling(
     ``seconds``: timed wall seconds per measurement (after ``warmup_s`` s of warm-up in the same
     process). ``fragment``: env steps per env per iteration (one weight broadcast per iteration), the
     same for every engine; None: :func:`auto_fragment` per worker count.
-    Include "raw" and "crossrl" in ``engines`` to get the ratios to them. ``env_spec`` (a scenario's env, e.g. a
-    multi-agent one with its policy mapping; raw then steps its PettingZoo envs with random joint actions)
-    replaces ``env_id``.
+    Include "raw", "limit" and "crossrl" in ``engines`` to get the ratios to them. ``env_spec`` (a scenario's env,
+    e.g. a multi-agent one with its policy mapping; raw then steps its PettingZoo envs with random joint actions)
+    replaces ``env_id``. ``model``: every engine's network; None: :func:`~.samplers.default_model` (the suite's
+    conv model for a pixel env, a 64x64 tanh MLP otherwise). "limit" (one process per worker stepping the same
+    vector env and running that network's batched forward pass every step, no framework) needs a single-agent
+    env and is left out for a multi-agent one. Each env-stepping process's peak RSS is read after its timed part.
     """
     unknown = [e for e in engines if e not in SAMPLING_ENGINES]
     if unknown:
         raise ValueError(f"bench sampling: unknown engine(s) {unknown}; known: {', '.join(SAMPLING_ENGINES)}")
     env_spec = env_spec or EnvSpec(id=env_id)
+    model = model or default_model(env_spec)
+    if env_spec.multi_agent and "limit" in engines:
+        engines = [e for e in engines if e != "limit"]
+        _say(progress, f"limit: left out, {env_spec.id} is a multi-agent env (the limit steps single-agent envs)")
     results = _interleaved(
         [(e, "sync_samples" if e == "crossrl" else None) for e in engines],
         env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds,
-        warmup_s=warmup_s, fragments=[fragment], model=model, progress=progress,
+        warmup_s=warmup_s, fragments=[fragment], model=model, progress=progress, rss=True,
     )  # fmt: skip
     # sync_samples is crossrl's default sampler here: label it plainly "crossrl".
     for r in results:
@@ -130,11 +141,17 @@ def bench_sampling(
         **{f"w{w}": auto_fragment(w, envs_per_worker) for w in workers},
     }
     cond = {"seconds": seconds, "warmup_s": warmup_s, "repeat": repeat, "fragment": frag,
-            "model": model.model_dump(mode="json"), "crossrl_optimizer": "sync_samples",
+            "model": model.model_dump(mode="json"), "network": network_line(model), "crossrl_optimizer": "sync_samples",
             "machine_cores": os.cpu_count() or 1}  # fmt: skip
     if env_spec.multi_agent:
         cond["env"] = env_spec.model_dump(mode="json", exclude_defaults=True)
     return SpeedTable(kind="sampling", env_id=env_spec.id, rows=speed_rows(results), conditions=cond)
+
+
+def network_line(model: ModelSpec) -> str:
+    """The model on one line, for the table's title: ``conv [[16, 3, 1]] hidden [128] relu``."""
+    conv = f"conv {[list(c) for c in model.conv]} " if model.conv else ""
+    return f"{conv}hidden {list(model.hidden)} {model.activation}"
 
 
 def bench_scaling(
@@ -142,7 +159,7 @@ def bench_scaling(
     env_id: str = "CartPole-v1",
     env_latency_ms: float = 2.0,
     workers: Sequence[int] = (1, 2, 4, 8, 16),
-    engines: Sequence[str] = SAMPLING_ENGINES,
+    engines: Sequence[str] = SCALING_ENGINES,
     optimizers: Sequence[str] = ("sync_samples", "async_samples"),
     envs_per_worker: int = 1,
     repeat: int = 1,

@@ -1,6 +1,6 @@
 """The sampling contestants, as they run inside one fresh measurement process (see :mod:`.samplers`).
 
-Each ``setup_<engine>`` (raw and crossrl here, RLlib and TorchRL in :mod:`.others`) builds its
+Each ``setup_<engine>`` (raw, limit and crossrl here, RLlib and TorchRL in :mod:`.others`) builds its
 engine's sampler for ``workers x envs_per_worker`` envs and returns a :class:`~.base.Contestant`:
 ``step()`` runs one iteration (one weight broadcast, then ``fragment`` env steps per env on every
 worker, gathered on the driver) and returns the env steps it sampled; ``close()`` releases it. No
@@ -26,7 +26,9 @@ from crossrl.adapters.bench.others import setup_rllib, setup_torchrl
 from crossrl.scenarios import catalog
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
-ENGINES = ("raw", *catalog.ENGINES)  # raw: plain processes stepping the envs, the machine's own limit
+# raw: plain processes stepping the envs with random actions, the env's own limit; limit: the same processes
+# also running the policy network's batched forward pass every step, no framework (the sampling limit)
+ENGINES = ("raw", "limit", *catalog.ENGINES)
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -127,12 +129,27 @@ def _raw_parallel_worker(conn: Connection, env_spec_json: str, num_envs: int, se
 
 def setup_raw(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, model: ModelSpec, fragment: int) -> Contestant:
     del model  # random actions: no policy
-    ctx = mp.get_context("spawn")
     worker = _raw_parallel_worker if env_spec.multi_agent else _raw_worker
+    made_by = "make_parallel_env (PettingZoo, random joint actions)" if env_spec.multi_agent else "make_vector_env"
+    info = {"vector_env": f"crossrl.core.envs.{made_by}", "processes": workers}
+    return _pipe_workers(worker, (env_spec.model_dump_json(),), workers, envs_per_worker, fragment, info)
+
+
+def _pipe_workers(
+    worker: Callable[..., None],
+    args: tuple[Any, ...],
+    workers: int,
+    envs_per_worker: int,
+    fragment: int,
+    info: dict[str, Any],
+) -> Contestant:
+    """``workers`` spawned processes ``worker(conn, *args, envs_per_worker, seed=i)``, each sent ``fragment`` per
+    iteration over its pipe (all first, then every reply: one barrier per iteration, as sync_samples has)."""
+    ctx = mp.get_context("spawn")
     conns, procs = [], []
     for i in range(workers):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=worker, args=(child, env_spec.model_dump_json(), envs_per_worker, i), daemon=True)
+        p = ctx.Process(target=worker, args=(child, *args, envs_per_worker, i), daemon=True)
         p.start()
         conns.append(parent)
         procs.append(p)
@@ -150,9 +167,106 @@ def setup_raw(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, model: M
         for p in procs:
             p.join(timeout=10)
 
-    made_by = "make_parallel_env (PettingZoo, random joint actions)" if env_spec.multi_agent else "make_vector_env"
-    info = {"vector_env": f"crossrl.core.envs.{made_by}", "processes": workers}
     return Contestant(step, close, info, lambda: [int(p.pid) for p in procs if p.pid is not None])
+
+
+# limit: the raw processes plus the policy's network, run as a hand-written sampler would (the sampling limit)
+
+
+def _limit_worker(conn: Connection, env_spec_json: str, model_json: str, num_envs: int, seed: int) -> None:
+    """:func:`_raw_worker` acting through the policy network instead of random actions, with no framework.
+
+    The networks crossrl's actor-critic policy has (:func:`crossrl.core.models.build_net` from the same
+    ModelSpec: an actor and a separate critic of the same layers, random weights), one torch thread, under
+    ``torch.inference_mode``, producing what a PPO sampler hands over (actions, log-probabilities, values) the
+    cheapest way known here. Per step, for the whole vector of envs at once: the observations kept in the
+    fragment's buffer (uint8 frames stay uint8), one batched forward pass of the actor on ``torch.from_numpy`` of
+    them (no copy), an action sampled from its logits (Gumbel-max; a Gaussian for ``Box`` actions), then the env
+    step, rewards and flags kept. After the fragment: the log-probabilities from the kept logits, and the critic's
+    values of the fragment's observations in passes of ``VALUE_CHUNK`` frames (crossrl's batching). Replies with
+    the transitions stepped (autoreset steps excluded); nothing else leaves the process.
+    """
+    import gymnasium as gym
+    import numpy as np
+    import torch
+
+    from crossrl.core.actor_critic import VALUE_CHUNK
+    from crossrl.core.envs import make_vector_env
+    from crossrl.core.models import build_net
+    from crossrl.core.numpy_net import LOG_2PI
+
+    torch.set_num_threads(1)
+    spec, model = EnvSpec.model_validate_json(env_spec_json), ModelSpec.model_validate_json(model_json)
+    env = make_vector_env(spec, num_envs)
+    obs, _ = env.reset(seed=seed)
+    obs_shape = tuple(int(n) for n in env.single_observation_space.shape or ())
+    space = env.single_action_space
+    discrete = isinstance(space, gym.spaces.Discrete)
+    act_dim = int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape or (1,)))
+    torch.manual_seed(seed)
+    pi = build_net(obs_shape=obs_shape, out_dim=act_dim, model=model, out_gain=0.01)
+    vf = build_net(obs_shape=obs_shape, out_dim=1, model=model, out_gain=1.0)
+    log_std = torch.zeros(act_dim)
+    low, high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else (None, None)
+    gen = torch.Generator().manual_seed(seed)
+
+    def net_input(x: torch.Tensor) -> torch.Tensor:
+        return x if model.conv else x.reshape(len(x), -1).float()
+
+    autoreset = np.zeros(num_envs, bool)
+    conn.send("ready")
+    while (k := conn.recv()) is not None:
+        obs_buf = np.empty((k, *np.shape(obs)), np.asarray(obs).dtype)
+        rewards = np.empty((k, num_envs), np.float32)
+        ended = np.empty((k, num_envs), bool)
+        count = 0
+        with torch.inference_mode():
+            out = torch.empty(k, num_envs, act_dim)
+            if discrete:
+                noise = torch.empty(k, num_envs, act_dim).exponential_(generator=gen).log_()
+                actions = torch.empty(k, num_envs, dtype=torch.int64)
+            else:
+                noise = torch.randn(k, num_envs, act_dim, generator=gen)
+                actions = torch.empty(k, num_envs, act_dim)
+            for t in range(k):
+                obs_buf[t] = obs
+                out[t] = pi(net_input(torch.from_numpy(obs_buf[t])))
+                if discrete:
+                    torch.argmax(out[t] - noise[t], dim=1, out=actions[t])
+                    step_actions: np.ndarray = actions[t].numpy()
+                else:
+                    torch.add(out[t], log_std.exp() * noise[t], out=actions[t])
+                    step_actions = np.clip(actions[t].numpy(), low, high)
+                obs, rewards[t], term, trunc, _ = env.step(step_actions)
+                count += num_envs - int(np.count_nonzero(autoreset))
+                autoreset = ended[t] = term | trunc
+            if discrete:
+                logp = torch.log_softmax(out, dim=-1).gather(-1, actions[..., None])[..., 0]
+            else:
+                logp = (-0.5 * noise**2 - log_std - 0.5 * LOG_2PI).sum(-1)
+            frames = torch.from_numpy(obs_buf.reshape(k * num_envs, *obs_shape))
+            values = torch.cat(
+                [vf(net_input(frames[i : i + VALUE_CHUNK]))[:, 0] for i in range(0, len(frames), VALUE_CHUNK)]
+            )
+            del logp, values  # computed, as a sampler must; nothing leaves the process
+        conn.send(count)
+    env.close()
+
+
+def setup_limit(
+    *, env_spec: EnvSpec, workers: int, envs_per_worker: int, model: ModelSpec, fragment: int
+) -> Contestant:
+    """The sampling limit: ``workers`` processes, each stepping ``make_vector_env`` and running the policy
+    network's batched forward pass every step (:func:`_limit_worker`); single-agent envs only."""
+    if env_spec.multi_agent:
+        raise ValueError(f"limit: {env_spec.id} is a multi-agent env; the limit contestant steps single-agent envs")
+    info = {
+        "vector_env": "crossrl.core.envs.make_vector_env",
+        "processes": workers,
+        "policy": "crossrl.core.models.build_net actor per step, critic per fragment; inference_mode, 1 torch thread",
+    }
+    args = (env_spec.model_dump_json(), model.model_dump_json())
+    return _pipe_workers(_limit_worker, args, workers, envs_per_worker, fragment, info)
 
 
 # crossrl: the real policy optimizer over evaluator actors, with learning replaced by nothing
@@ -221,7 +335,13 @@ def alg_defaults(name: str) -> dict[str, Any]:
 
 
 def _setups() -> dict[str, Callable[..., Contestant]]:
-    return {"raw": setup_raw, "crossrl": setup_crossrl, "rllib": setup_rllib, "torchrl": setup_torchrl}
+    return {
+        "raw": setup_raw,
+        "limit": setup_limit,
+        "crossrl": setup_crossrl,
+        "rllib": setup_rllib,
+        "torchrl": setup_torchrl,
+    }
 
 
 def set_up(request: dict[str, Any]) -> Contestant:

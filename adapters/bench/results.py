@@ -32,17 +32,20 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 class SpeedRow:
     """One contestant at one size: env steps/s median and spread over its measurements."""
 
-    engine: str  # "raw", "crossrl", "rllib", "torchrl"; crossrl with an optimizer: "crossrl/async_samples"
+    engine: str  # "raw", "limit", "crossrl", "rllib", "torchrl"; crossrl with an optimizer: "crossrl/async_samples"
     workers: int
     envs_per_worker: int
     samples: list[float]
     fragment: int | None = None  # env steps per env per iteration (None: not recorded)
     ratio_to_raw: float | None = None  # median / raw's median at the same size and fragment, same run
     ratio_to_crossrl: float | None = None  # median / crossrl's median at the same size and fragment, same run
+    ratio_to_limit: float | None = None  # median / the limit contestant's median at the same size and fragment
     speedup: float | None = None  # scaling: median / this contestant's median at the fewest workers
     efficiency: float | None = None  # scaling: speedup / (workers / fewest workers)
     # medians over measurements of the CPUs in use while timed (CpuMeter) and of cpu_us_per_step
     cpus: dict[str, float] = field(default_factory=dict)
+    # peak RSS (VmHWM, MiB) of each env-stepping process, the highest over the row's measurements; None: not read
+    peak_rss_mb: list[float] | None = None
 
     @property
     def median(self) -> float:
@@ -67,6 +70,10 @@ class SpeedRow:
             "ratio_to_raw": self.ratio_to_raw,
             "ratio_to_crossrl": self.ratio_to_crossrl,
         }
+        if self.ratio_to_limit is not None:
+            out["ratio_to_limit"] = self.ratio_to_limit
+        if self.peak_rss_mb is not None:
+            out["peak_rss_mb"] = self.peak_rss_mb
         if self.speedup is not None:
             out |= {"speedup": self.speedup, "efficiency": self.efficiency}
         if self.cpus:
@@ -75,18 +82,26 @@ class SpeedRow:
 
 
 def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossrl") -> list[SpeedRow]:
-    """Group measurements by (contestant, workers, fragment) and compute each median's ratios to raw and to crossrl.
+    """Group measurements by (contestant, workers, fragment) and compute each median's ratios to raw, to the limit
+    and to crossrl.
 
     Ratios are of medians measured in the same run at the same workers x envs per worker and fragment; a
-    ratio is None when its reference was not measured.
+    ratio is None when its reference was not measured. Peak RSS per env-stepping process: the highest of
+    each process (by position) over the row's measurements.
     """
     grouped: dict[tuple[str, int, int, int | None], list[float]] = {}
     cpus: dict[tuple[str, int, int, int | None], dict[str, list[float]]] = {}
+    rss: dict[tuple[str, int, int, int | None], list[float]] = {}
     for r in results:
         key = (r.label, r.workers, r.envs_per_worker, r.fragment)
         grouped.setdefault(key, []).extend(r.steps_per_s)
         for name, value in {**(r.cpu or {}), **_cpu_per_step(r)}.items():
             cpus.setdefault(key, {}).setdefault(name, []).append(value)
+        if r.peak_rss_mb:
+            old, new = rss.get(key, []), list(r.peak_rss_mb)
+            n = max(len(old), len(new))
+            old, new = old + [0.0] * (n - len(old)), new + [0.0] * (n - len(new))
+            rss[key] = [max(a, b) for a, b in zip(old, new, strict=True)]
     rows = [
         SpeedRow(
             engine=k[0],
@@ -95,6 +110,7 @@ def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossr
             fragment=k[3],
             samples=v,
             cpus={name: float(statistics.median(xs)) for name, xs in cpus.get(k, {}).items()},
+            peak_rss_mb=rss.get(k),
         )
         for k, v in grouped.items()
         if v
@@ -104,6 +120,7 @@ def speed_rows(results: Iterable[SamplerResult], *, crossrl_label: str = "crossr
         size = (row.workers, row.envs_per_worker, row.fragment)
         row.ratio_to_raw = _ratio(row.median, ref.get(("raw", *size)))
         row.ratio_to_crossrl = _ratio(row.median, ref.get((crossrl_label, *size)))
+        row.ratio_to_limit = _ratio(row.median, ref.get(("limit", *size)))
     return rows
 
 
@@ -146,6 +163,22 @@ def add_scaling(rows: Sequence[SpeedRow]) -> None:
         row.efficiency = row.speedup / (row.workers / b.workers) if row.speedup is not None else None
 
 
+# The other engines crossrl's sampling is compared with ("crossrl / the faster of RLlib and TorchRL").
+OTHER_ENGINES = ("rllib", "torchrl")
+
+
+@dataclass
+class Headline:
+    """crossrl against the others at one size of a sampling table."""
+
+    workers: int
+    envs_per_worker: int
+    fragment: int | None
+    faster_other: str | None  # the faster of RLlib and TorchRL here (None: neither measured)
+    ratio_to_faster_other: float | None  # crossrl's median / that engine's median
+    ratio_to_limit: float | None  # crossrl's median / the limit contestant's median
+
+
 @dataclass
 class SpeedTable:
     """``bench sampling`` or ``bench scaling``: rows plus the conditions they were measured under."""
@@ -169,8 +202,34 @@ class SpeedTable:
         seen = [(r.engine, r.workers, r.envs_per_worker) for r in self.rows]
         return len(seen) != len(set(seen))
 
+    def headlines(self, crossrl_label: str = "crossrl") -> list[Headline]:
+        """Per size (workers, envs per worker, fragment) with a crossrl row: crossrl's median over the faster of
+        RLlib's and TorchRL's medians, and over the limit contestant's (None where not measured)."""
+        out = []
+        for c in self.rows:
+            if c.engine != crossrl_label:
+                continue
+            size = (c.workers, c.envs_per_worker, c.fragment)
+            same = {r.engine: r for r in self.rows if (r.workers, r.envs_per_worker, r.fragment) == size}
+            others = [same[e] for e in OTHER_ENGINES if e in same]
+            faster = max(others, key=lambda r: r.median, default=None)
+            out.append(
+                Headline(
+                    workers=c.workers,
+                    envs_per_worker=c.envs_per_worker,
+                    fragment=c.fragment,
+                    faster_other=faster.engine if faster else None,
+                    ratio_to_faster_other=_ratio(c.median, faster.median if faster else None),
+                    ratio_to_limit=c.ratio_to_limit,
+                )
+            )
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        return {"env_id": self.env_id, "conditions": self.conditions, "rows": [r.to_dict() for r in self.rows]}
+        out = {"env_id": self.env_id, "conditions": self.conditions, "rows": [r.to_dict() for r in self.rows]}
+        if self.kind == "sampling":
+            out["headlines"] = [asdict(h) for h in self.headlines()]
+        return out
 
     def metrics(self) -> dict[str, float]:
         """Flat figures for the store, e.g. ``crossrl.w2.steps_per_s`` (median) and ``crossrl.w2.ratio_to_raw``;
@@ -185,11 +244,17 @@ class SpeedTable:
                 "steps_per_s_max": r.max,
                 "ratio_to_raw": r.ratio_to_raw,
                 "ratio_to_crossrl": r.ratio_to_crossrl,
+                "ratio_to_limit": r.ratio_to_limit,
+                "peak_rss_mb_max": max(r.peak_rss_mb) if r.peak_rss_mb else None,
                 "speedup": r.speedup,
                 "efficiency": r.efficiency,
                 **r.cpus,
             }
             out.update({f"{key}.{k}": float(v) for k, v in figures.items() if v is not None})
+        if self.kind == "sampling" and not sweep:
+            for h in self.headlines():
+                if h.ratio_to_faster_other is not None:
+                    out[f"crossrl.w{h.workers}.ratio_to_faster_other"] = h.ratio_to_faster_other
         return out
 
     def to_json(self, path: Path) -> Path:
@@ -211,13 +276,18 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
     sweep = table.fragment_sweep
     if sweep:
         t.add_column("fragment", justify="right")
-    for col in ("workers", "envs/worker", "steps/s median", "min-max", "x raw", "x crossrl"):
+    with_limit = any(r.ratio_to_limit is not None for r in table.rows)
+    with_rss = any(r.peak_rss_mb for r in table.rows)
+    cols = ("workers", "envs/worker", "steps/s median", "min-max", "x raw", *(("x limit",) if with_limit else ()))
+    for col in (*cols, "x crossrl"):
         t.add_column(col, justify="right", no_wrap=col == "min-max")
     if scaling:
         t.add_column("speedup", justify="right")
         t.add_column("efficiency", justify="right")
     t.add_column("CPUs busy: machine / workers", justify="right")
     t.add_column("CPU us/step", justify="right")
+    if with_rss:
+        t.add_column("peak RSS MiB per worker", justify="right")
     cores = int(table.conditions.get("machine_cores") or 0)  # absent in older bench results
     any_bound = False
     for r in sorted(table.rows, key=lambda r: ((r.fragment or 0) if sweep else 0, r.workers, r.engine)):
@@ -229,6 +299,7 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
             f"{r.median:,.0f}",
             f"{r.min:,.0f}-{r.max:,.0f} (n={len(r.samples)})",
             _fmt(r.ratio_to_raw, ".2f"),
+            *([_fmt(r.ratio_to_limit, ".2f")] if with_limit else []),
             _fmt(r.ratio_to_crossrl, ".3f"),
         ]
         if scaling:
@@ -237,9 +308,19 @@ def print_speed_table(table: SpeedTable, *, console: Any = None) -> None:
         any_bound |= bound
         busy = f"{_fmt(r.cpus.get('machine_busy_cpus'), '.2f')} / {_fmt(r.cpus.get('workers_cpus'), '.2f')}"
         cells += [busy + (" *" if bound else ""), _fmt(r.cpus.get("cpu_us_per_step"), ",.0f")]
+        if with_rss:
+            cells.append(", ".join(f"{x:,.0f}" for x in r.peak_rss_mb) if r.peak_rss_mb else "-")
         t.add_row(*cells)
     out = console or Console()
     out.print(t)
+    if table.kind == "sampling":
+        for h in table.headlines():
+            where = f"{h.workers} x {h.envs_per_worker}" + (f", fragment {h.fragment}" if h.fragment else "")
+            faster = f" ({h.faster_other})" if h.faster_other else ""
+            out.print(
+                f"{where}: crossrl / faster of rllib, torchrl{faster}: {_fmt(h.ratio_to_faster_other, '.2f')}; "
+                f"crossrl / limit: {_fmt(h.ratio_to_limit, '.2f')}"
+            )
     if any_bound:
         out.print(
             f"* the machine's {cores} cores were >= {CPU_BOUND_SHARE:.0%} busy: CPU-bound, so the figure reflects "

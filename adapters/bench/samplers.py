@@ -1,8 +1,9 @@
 """Pure-sampling speed (env steps/s, no learning) of one contestant, each measurement in a fresh process.
 
 One function per contestant: :func:`sample_raw` (gymnasium's vector env, random actions, one process
-per worker: the limit), :func:`sample_crossrl` (crossrl's evaluator actors under a real policy
-optimizer, random-weights MLP), :func:`sample_rllib` (RLlib 2.60 env runners), :func:`sample_torchrl`
+per worker: the env's own limit), :func:`sample_limit` (the same processes running the policy network's
+batched forward pass every step, no framework: the sampling limit), :func:`sample_crossrl` (crossrl's
+evaluator actors under a real policy optimizer, random weights), :func:`sample_rllib` (RLlib 2.60 env runners), :func:`sample_torchrl`
 (TorchRL 0.14 collectors). Like the runner's trials, every call starts
 ``python -m crossrl.adapters.bench._child`` in its own session, so Ray clusters, torch threads and
 imports of one contestant cannot leak into the next; the code that runs there is
@@ -23,11 +24,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crossrl.scenarios import catalog
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 DEFAULT_MODEL = ModelSpec(hidden=(64, 64), activation="tanh")
 DEFAULT_FRAGMENT = 128  # env steps per env per iteration: 1024 per worker at 8 envs
 SETUP_TIMEOUT_S = 300.0  # Ray + RLlib start-up on a busy 2-core machine, on top of the timed part
+
+
+def default_model(env_spec: EnvSpec) -> ModelSpec:
+    """The model a bench samples ``env_spec`` with when none is given: the suite's standard conv model for a pixel
+    env (``catalog.PIXEL_MODELS`` by its resolved preprocessing: MinAtar's one-conv net, Atari's Nature CNN), else
+    :data:`DEFAULT_MODEL` (a 64x64 tanh MLP)."""
+    if env_spec.multi_agent:
+        return DEFAULT_MODEL
+    pixel = catalog.PIXEL_MODELS.get(env_spec.resolved_preprocessing)
+    return ModelSpec.model_validate(pixel) if pixel is not None else DEFAULT_MODEL
 
 
 @dataclass
@@ -68,7 +80,7 @@ def measure(
     profile_path: Path | None = None,
     rss: bool = False,
 ) -> SamplerResult:
-    """Time ``engine`` ("raw", "crossrl", "rllib", "torchrl") in a fresh process.
+    """Time ``engine`` ("raw", "limit", "crossrl", "rllib", "torchrl") in a fresh process.
 
     After set-up and ``warmup_s`` seconds of iterations, ``windows`` windows of ``seconds`` each are
     timed (each ends on an iteration boundary). ``profile_path``: also write a cProfile dump of the
@@ -145,8 +157,14 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 def sample_raw(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, seconds: float, **kw: Any) -> SamplerResult:
-    """The limit: ``crossrl.core.envs.make_vector_env`` with random actions, one process per worker."""
+    """The env's own limit: ``crossrl.core.envs.make_vector_env`` with random actions, one process per worker."""
     return measure("raw", env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, seconds=seconds, **kw)
+
+
+def sample_limit(*, env_spec: EnvSpec, workers: int, envs_per_worker: int, seconds: float, **kw: Any) -> SamplerResult:
+    """The sampling limit: ``make_vector_env`` and the policy network's batched forward pass every step, one process
+    per worker, no framework and no transport beyond a count per iteration."""
+    return measure("limit", env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, seconds=seconds, **kw)
 
 
 def sample_crossrl(
@@ -190,4 +208,10 @@ def sample_torchrl(
     )
 
 
-SAMPLERS = {"raw": sample_raw, "crossrl": sample_crossrl, "rllib": sample_rllib, "torchrl": sample_torchrl}
+SAMPLERS = {
+    "raw": sample_raw,
+    "limit": sample_limit,
+    "crossrl": sample_crossrl,
+    "rllib": sample_rllib,
+    "torchrl": sample_torchrl,
+}
