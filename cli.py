@@ -534,6 +534,8 @@ TableSteps = Annotated[int | None, typer.Option("--steps", help="env-step budget
 RandomEpisodes = Annotated[
     int, typer.Option("--random-episodes", help="episodes of random play per row for the table (0: none)")
 ]
+TableName = Annotated[str, typer.Argument(help="built-in table name or table YAML path (`crossrl table list`)")]
+TableReportDir = Annotated[Path | None, typer.Option("-o", "--report-dir", help="where the table goes")]
 
 
 def _load_table(
@@ -608,7 +610,7 @@ def table_list() -> None:
 
 @table_app.command("run")
 def table_run(
-    name: Annotated[str, typer.Argument(help="built-in table name or table YAML path (`crossrl table list`)")],
+    name: TableName,
     rows: TableRows = None,
     engines_: Annotated[str | None, typer.Option("--engines", help="comma-separated subset")] = None,
     workers: TableWorkers = None,
@@ -618,7 +620,7 @@ def table_run(
     random_episodes: RandomEpisodes = 5,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
-    report_dir: Annotated[Path | None, typer.Option("-o", "--report-dir", help="where the table goes")] = None,
+    report_dir: TableReportDir = None,
 ) -> None:
     """Run every cell of a table (each an ordinary scenario, one after another; cells an engine cannot run are
     recorded SKIPPED with the reason), then render the table from the store."""
@@ -664,7 +666,7 @@ def table_run(
 
 @table_app.command("report")
 def table_report(
-    name: Annotated[str, typer.Argument(help="built-in table name or table YAML path")],
+    name: TableName,
     rows: TableRows = None,
     workers: TableWorkers = None,
     train_seconds: TableTrainSeconds = None,
@@ -672,7 +674,7 @@ def table_report(
     random_episodes: RandomEpisodes = 5,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
-    report_dir: Annotated[Path | None, typer.Option("-o", "--report-dir", help="where the table goes")] = None,
+    report_dir: TableReportDir = None,
 ) -> None:
     """Render a table from the store: each cell's newest run (give the --workers, --train-seconds and --steps it
     ran with: they are part of the cells' names and specs)."""
