@@ -57,6 +57,8 @@ def collect(store: ResultsStore, table: TableSpec, cells: Sequence[ScenarioSpec]
         except StoreError:
             loaded = None
         budget = _budget_text(cell.model_dump(mode="json"))
+        # what the stored run was given (read once per cell; the cell's spec when it has no run)
+        budget_run = _budget_text(store.spec(loaded.meta["parent_run_id"])) if loaded is not None else budget
         workers = cell.execution.workers[0]
         for engine in table.engines:
             trials = (
@@ -69,7 +71,6 @@ def collect(store: ResultsStore, table: TableSpec, cells: Sequence[ScenarioSpec]
             other = trials[trials.status != M.FINISHED]
             steps = _env_steps(loaded.points, list(trials.run_id)) if loaded is not None else math.nan
             workers_run = int(trials.workers.iloc[0])
-            budget_run = _budget_text(store.spec(loaded.meta["parent_run_id"])) if loaded is not None else budget
             if len(done):
                 scores = pd.to_numeric(done[M.FINAL_RETURN_MEAN], errors="coerce").dropna()
                 out.append(
