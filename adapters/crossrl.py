@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from crossrl.adapters.base import MetricSink, send_clip
-from crossrl.scenarios.spec import EnvSpec, ModelSpec, Trial
+from crossrl.scenarios.spec import DEFAULT_TRANSPORT, EnvSpec, ModelSpec, Trial
 
 if TYPE_CHECKING:
     from crossrl.core.evaluator import EvaluatorSet
@@ -31,6 +31,7 @@ def start_core(
     optimizer: str,
     seed: int,
     remote_num_cpus: float,
+    transport: str = DEFAULT_TRANSPORT,
 ) -> tuple[EvaluatorSet, PolicyOptimizer]:
     """``workers`` evaluator actors of ``envs_per_worker`` envs each, and the policy optimizer ``optimizer`` over them.
 
@@ -52,6 +53,7 @@ def start_core(
         seed=seed,
         remote_num_cpus=remote_num_cpus,
         evaluator_cls=evaluator_class(env_spec),  # a policy map per evaluator for a multi-agent env
+        transport=transport,
     )
     opt: PolicyOptimizer | None = None
     try:
@@ -104,12 +106,14 @@ class CrossrlAdapter:
                 optimizer=trial.optimizer,
                 seed=trial.seed,
                 remote_num_cpus=remote_cpus,
+                transport=trial.transport,
             )
             sink.tags(engine_version=_version(), optimizer=trial.optimizer, **info)
             sink.native_config(
                 {
                     "algorithm": trial.algorithm,
                     "optimizer": trial.optimizer,
+                    "transport": trial.transport,
                     "policy_cls": alg.policy_cls.__name__,
                     "hyperparams": hp,
                     "model": trial.model.model_dump(),

@@ -12,6 +12,7 @@ import logging
 import os
 import pickle
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
 from crossrl.core import sample_batch as sb
+from crossrl.core import transport as tx
 from crossrl.core.envs import make_vector_env
 from crossrl.core.policy import Policy, PolicyFactory
 from crossrl.core.sample_batch import SampleBatch
@@ -148,7 +150,31 @@ class PolicyEvaluator:
         with ``crossrl bench scaling --workers 1,16 --fragment 64``). Callers pass only the arguments they use:
         Ray serializes each one.
         """
-        return pickle.dumps(self.sample(*args), protocol=pickle.HIGHEST_PROTOCOL)
+        batch = self.sample(*args)
+        batch.weights_version = self.weights_version
+        return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def start_stream(self, address: dict[str, Any], incarnation: int) -> None:
+        """Connect to the driver's :class:`~crossrl.core.transport.StreamHub` and sample on its grants in a
+        background thread (the ``stream`` transport); returns once connected. Ray calls still reach this actor
+        meanwhile (its main thread stays free)."""
+        node_id = ray.get_runtime_context().get_node_id()
+        conn = tx.connect(address, node_id=node_id, hello=(self.worker_index, incarnation))
+        self._stream_stopped = threading.Event()
+        threading.Thread(
+            target=tx.serve_fragments,
+            args=(conn, self._stream_sample, self._stream_stopped),
+            name="crossrl-stream",
+            daemon=True,
+        ).start()
+
+    def _stream_sample(self, grant: tx.Grant | None, num_steps: int) -> SampleBatch:
+        if grant is None:
+            batch = self.sample(num_steps)
+        else:
+            batch = self.sample(num_steps, grant.weights, grant.version, grant.epsilon)
+        batch.weights_version = self.weights_version
+        return batch
 
     def _episode_stats(self, rewards: np.ndarray, valid: np.ndarray, done: np.ndarray) -> tuple[list[float], list[int]]:
         """Returns and lengths of the episodes that ended in this fragment; carries the unfinished ones over."""
@@ -263,6 +289,12 @@ class EvaluatorSet:
     Remote evaluator ``i`` (0-based in :attr:`remotes`) has ``worker_index = i + 1`` and seed
     ``seed + 1000 * (i + 1)`` (+ ``100_000 * restarts`` after a restart, so a replacement does not
     replay its predecessor's episodes).
+
+    Fragments travel by ``transport`` (:mod:`crossrl.core.transport`): ``calls`` (one Ray actor call per
+    fragment) or ``stream`` (a socket per evaluator, fragments granted and sent back without a call; the
+    evaluators start streaming at the first :meth:`launch`). Either way :meth:`launch` asks remote ``i`` for
+    fragments and :meth:`ready` hands back what arrived, ``(i, None)`` for a remote that died (the caller
+    restarts it with :meth:`restart` and launches it again; the fragment is dropped, never re-sampled).
     """
 
     def __init__(
@@ -276,12 +308,14 @@ class EvaluatorSet:
         remote_num_cpus: float = 1.0,
         local_num_envs: int = 1,
         evaluator_cls: type[PolicyEvaluator] = PolicyEvaluator,
+        transport: str = tx.DEFAULT_TRANSPORT,
     ) -> None:
         if env_spec.multi_agent and evaluator_cls is PolicyEvaluator:
             raise TypeError(
                 f"EvaluatorSet: {env_spec.id} is a multi-agent env (env.agents); pass "
                 "evaluator_cls=crossrl.core.multi_agent.MultiAgentEvaluator"
             )
+        self.transport = tx.check_transport(transport)
         self.env_spec = env_spec
         self.num_envs = num_envs
         self.policy_factory = policy_factory
@@ -296,6 +330,9 @@ class EvaluatorSet:
         self.remotes: list[ActorHandle] = [self._make(i) for i in range(num_remote)]
         self.weights_version = 0
         self._pending_weights: ray.ObjectRef | bytes | None = None
+        self._in_flight: dict[ray.ObjectRef, int] = {}  # calls: sample call -> remote index
+        self._hub: tx.StreamHub | None = None  # stream: made at the first launch
+        self._lost: list[int] = []  # stream: remotes that died before they connected, reported by ready()
 
     def _make(self, i: int) -> ActorHandle:
         return self._remote_cls.options(num_cpus=self.remote_num_cpus).remote(  # type: ignore[attr-defined,return-value]
@@ -306,20 +343,29 @@ class EvaluatorSet:
             worker_index=i + 1,
         )
 
+    def payload(self, weights: dict[str, np.ndarray]) -> ray.ObjectRef | bytes:
+        """What carries ``weights`` to the remotes with their next fragment: packed bytes on the stream, else
+        :func:`weights_payload` (bytes inside each call when small, one ``ray.put`` when big)."""
+        if self.transport == "stream":
+            return pack_weights(weights)
+        return weights_payload(weights, len(self.remotes))
+
     def broadcast_weights(self, *, with_next_sample: bool = False) -> ray.ObjectRef | bytes:
         """Send the local policy's weights to every remote (one ``ray.put``); returns what was sent.
 
         Actor calls run in submission order, so each remote's next ``sample`` uses these weights. With
-        ``with_next_sample`` no call is made now: the next :meth:`sample` carries the weights in its own
-        call (one actor round trip per iteration instead of two); then small weights (see
-        :func:`weights_payload`) travel packed inside the call, which Ray copies into the task itself,
-        and skip the object store: a ``ray.put`` costs ~1 ms here, 36 KiB inline ~0.1 ms.
+        ``with_next_sample`` no call is made now: the next :meth:`sample` carries the weights with its
+        fragments (one actor round trip per iteration instead of two, or none on the stream); then small
+        weights (see :meth:`payload`) travel packed, which skips the object store: a ``ray.put`` costs ~1 ms
+        here, 36 KiB inline ~0.1 ms.
         """
         self.weights_version += 1
         weights = self.local.get_weights()
         if with_next_sample:
-            self._pending_weights = weights_payload(weights, len(self.remotes))
+            self._pending_weights = self.payload(weights)
             return self._pending_weights
+        if self._hub is not None:
+            raise RuntimeError("broadcast_weights: the evaluators stream; send weights with the next sample")
         ref = ray.put(weights)
         self._pending_weights = None
         for r in self.remotes:
@@ -327,7 +373,9 @@ class EvaluatorSet:
         return ref
 
     def restart(self, i: int) -> ActorHandle:
-        """Replace remote ``i`` (dead or hung) with a fresh actor carrying the current weights; counted."""
+        """Replace remote ``i`` (dead or hung) with a fresh actor carrying the current weights; counted.
+
+        On the stream the new actor connects at its next :meth:`launch`."""
         log.warning("evaluator %d died; restarting it", i + 1)
         try:
             ray.kill(self.remotes[i], no_restart=True)
@@ -338,7 +386,86 @@ class EvaluatorSet:
         actor = self._make(i)
         actor.set_weights.remote(ray.put(self.local.get_weights()), self.weights_version)
         self.remotes[i] = actor
+        if self._hub is not None:
+            self._hub.forget(i)
         return actor
+
+    def launch(
+        self,
+        i: int,
+        num_steps: int,
+        *,
+        weights: ray.ObjectRef | bytes | None = None,
+        version: int | None = None,
+        epsilon: float | None = None,
+        credits: int = 1,
+    ) -> None:
+        """Ask remote ``i`` for ``credits`` fragments of ``num_steps`` steps per env, setting ``weights``
+        (from :meth:`payload`, version ``version``) and ``epsilon`` first when given. :meth:`ready` returns them.
+        More than one credit needs the stream (a Ray call returns one fragment)."""
+        if self.transport == "calls":
+            if credits != 1:
+                raise ValueError(f"launch: credits={credits}: the calls transport returns one fragment per call")
+            args = [num_steps, weights, None if weights is None else version, epsilon]
+            while args[-1] is None:  # trailing unset arguments stay home: Ray serializes each one (~30 us apiece)
+                args.pop()
+            self._in_flight[self.remotes[i].sample_packed.remote(*args)] = i
+            return
+        if isinstance(weights, ray.ObjectRef):
+            raise TypeError("launch: the stream carries weights as packed bytes (EvaluatorSet.payload)")
+        hub = self._stream_hub()
+        if hub.conns[i] is None:
+            self._lost += hub.start([(i, self.remotes[i])], get=ray.get)
+            if i in self._lost:
+                return
+        grant = tx.Grant(num_steps, credits, version if weights is not None else None, weights, epsilon)
+        if not hub.grant(i, grant):
+            self._lost.append(i)
+
+    def ready(self, timeout: float | None = None) -> list[tuple[int, SampleBatch | None]]:
+        """Every fragment that has arrived (waits for at least one unless ``timeout`` passes), as
+        ``(remote index, batch)``; ``(i, None)`` for a remote that died (its fragments are dropped)."""
+        if self._lost:
+            lost, self._lost = self._lost, []
+            return [(i, None) for i in dict.fromkeys(lost)]
+        if self._hub is not None:
+            return self._hub.ready(timeout)
+        refs = list(self._in_flight)
+        if not refs:
+            return []
+        ready, rest = ray.wait(refs, num_returns=1, timeout=timeout)
+        if rest:
+            # with many workers several finish while the driver handles one: take them together
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        indices = [self._in_flight.pop(r) for r in ready]
+        try:
+            batches: list[SampleBatch | None] = [unpack_batch(b) for b in ray.get(ready)]
+        except RayActorError:
+            batches = []
+            for r in ready:
+                try:
+                    batches.append(unpack_batch(ray.get(r)))
+                except RayActorError:
+                    batches.append(None)
+        return list(zip(indices, batches, strict=True))
+
+    def _stream_hub(self) -> tx.StreamHub:
+        """The stream's hub, made and every remote connected at the first call."""
+        if self._hub is None:
+            ctx = ray.get_runtime_context()
+            self._hub = tx.StreamHub(
+                len(self.remotes), node_ip=ray.util.get_node_ip_address(), node_id=ctx.get_node_id()
+            )
+            self._lost += self._hub.start(list(enumerate(self.remotes)), get=ray.get)
+        return self._hub
+
+    def cancel(self) -> None:
+        """Drop every fragment asked for and not yet received (best effort; the actors go on existing)."""
+        cancel_in_flight(self._in_flight)
+        if self._hub is not None:
+            self._hub.close()
+            self._hub = None
 
     def gather(self, refs: Sequence[ray.ObjectRef], *, indices: Sequence[int] | None = None) -> list[Any]:
         """``ray.get`` each ref; a ref whose actor died is dropped (its actor restarted), never retried.
@@ -363,22 +490,41 @@ class EvaluatorSet:
         return self.gather(refs)
 
     def sample(self, *, num_steps: int, epsilon: float | None = None) -> list[SampleBatch]:
-        """One batch per live remote (``num_steps`` per env each); a dead remote's batch is dropped.
+        """One batch per live remote (``num_steps`` per env each), in remote order; a dead remote's batch is
+        dropped (the remote restarted).
 
-        Weights from ``broadcast_weights(with_next_sample=True)`` and ``epsilon`` travel in the sample call.
+        Weights from ``broadcast_weights(with_next_sample=True)`` and ``epsilon`` travel with the request.
         """
         if not self.remotes:
             return [self.local.sample(num_steps=num_steps, epsilon=epsilon)]
-        ref, self._pending_weights = self._pending_weights, None
-        args = [num_steps, ref, None if ref is None else self.weights_version, epsilon]
-        while args[-1] is None:  # trailing unset arguments stay home: Ray serializes each one (~30 us apiece here)
-            args.pop()
-        return [unpack_batch(b) for b in self.foreach_remote("sample_packed", *args)]
+        weights, self._pending_weights = self._pending_weights, None
+        for i in range(len(self.remotes)):
+            self.launch(i, num_steps, weights=weights, version=self.weights_version, epsilon=epsilon)
+        waiting, out = set(range(len(self.remotes))), {}
+        while waiting:
+            for i, batch in self.ready():
+                waiting.discard(i)
+                if batch is None:
+                    self.restart(i)
+                else:
+                    out[i] = batch
+        return [out[i] for i in sorted(out)]
 
     def stop(self) -> None:
+        self.cancel()
         for r in self.remotes:
             try:
                 ray.kill(r, no_restart=True)
             except Exception:  # noqa: BLE001 - shutting down anyway
                 pass
         self.remotes = []
+
+
+def cancel_in_flight(in_flight: dict[ray.ObjectRef, int]) -> None:
+    """Cancel every call in ``in_flight`` (best effort) and empty it."""
+    for ref in in_flight:
+        try:
+            ray.cancel(ref, force=False)
+        except Exception:  # noqa: BLE001 - best effort: the actors are killed next anyway
+            pass
+    in_flight.clear()

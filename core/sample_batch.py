@@ -61,6 +61,8 @@ class SampleBatch(dict[str, np.ndarray]):
             a: [float(r) for r in v] for a, v in (agent_returns or {}).items()
         }
         self._env_steps = env_steps
+        # the version of the weights the batch was sampled with (set by the evaluator; None: not known)
+        self.weights_version: int | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # dict subclasses would otherwise lose the attributes in Ray's object store.
@@ -73,6 +75,7 @@ class SampleBatch(dict[str, np.ndarray]):
                 self.episode_lengths,
                 self._env_steps,
                 self.agent_returns,
+                self.weights_version,
             ),
         )
 
@@ -168,8 +171,9 @@ def _rebuild(
     lengths: list[int],
     env_steps: int | None,
     agent_returns: dict[str, list[float]] | None = None,
+    weights_version: int | None = None,
 ) -> SampleBatch:
-    return SampleBatch(
+    batch = SampleBatch(
         cols,
         time_major=time_major,
         episode_returns=returns,
@@ -177,3 +181,5 @@ def _rebuild(
         env_steps=env_steps,
         agent_returns=agent_returns,
     )
+    batch.weights_version = weights_version
+    return batch

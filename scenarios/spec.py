@@ -23,6 +23,10 @@ _STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
 Preprocessing = Literal["none", "atari", "minatar"]
+# How crossrl's evaluators hand fragments to the driver (crossrl.core.transport): a socket each, or one Ray
+# actor call per fragment. The same fragments either way.
+Transport = Literal["calls", "stream"]
+DEFAULT_TRANSPORT: Transport = "stream"
 
 FRAME_SIZES: dict[str, tuple[int, int]] = {"atari": (84, 84), "minatar": (10, 10)}
 """The frames' height and width after each pixel preprocessing (what a conv stack sees)."""
@@ -353,6 +357,11 @@ class ExecutionSpec(BaseModel):
     workers: tuple[int, ...] = Field(default=(1,), description="worker counts to run, one trial set each")
     envs_per_worker: int = Field(default=1, ge=1, le=1024)
     optimizer: str | None = Field(default=None, description="crossrl's policy optimizer; null: the algorithm's")
+    transport: Transport = Field(
+        default=DEFAULT_TRANSPORT,
+        description="how crossrl's evaluators hand fragments to the driver: a socket each (stream) or one Ray "
+        "actor call per fragment (calls); the same fragments either way, so not part of the fingerprint",
+    )
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -522,6 +531,7 @@ class ScenarioSpec(BaseModel):
         data = self.model_dump(mode="json", exclude={"name", "description", "engines", "seeds", "regress"})
         data["algorithm"]["hyperparams"] = self.algorithm.resolved_hyperparams()
         data["execution"].pop("workers")
+        data["execution"].pop("transport")  # how fragments travel, not what is sampled
         data["execution"]["optimizer"] = self.optimizer
         if not self.budget.stop_at_target:
             # Added after baselines existed: left out at its default so their fingerprints still match.
@@ -559,6 +569,7 @@ class ScenarioSpec(BaseModel):
                 engine=engine,
                 algorithm=self.algorithm.name,
                 optimizer=self.optimizer,
+                transport=self.execution.transport,
                 hyperparams=hp,
                 model=self.algorithm.model,
                 env=self.env,
@@ -594,6 +605,7 @@ class Trial(BaseModel):
     budget: BudgetSpec
     target_return: float | None = None
     ray_address: str | None = None
+    transport: Transport = DEFAULT_TRANSPORT  # crossrl only
 
     @property
     def name(self) -> str:

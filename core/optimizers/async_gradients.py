@@ -16,9 +16,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.evaluator import EvaluatorSet, cancel_in_flight
 from crossrl.core.maths import mean_stats
-from crossrl.core.optimizers.async_samples import cancel_in_flight
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
 from crossrl.scenarios import metrics as M
 

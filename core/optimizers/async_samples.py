@@ -1,9 +1,11 @@
 """Asynchronous sampling (IMPALA): evaluators sample continuously with possibly stale weights; a learner
 thread consumes a queue of batches; the loss (V-trace) corrects for the policy lag.
 
-The driver thread keeps one ``sample_packed(rollout_fragment)`` call in flight per remote, moves
-each finished batch into a bounded queue and relaunches that remote, first sending it the newest
-weights if the learner has updated them (packed once per weight version, see ``weights_payload``).
+The driver thread keeps each remote sampling ``rollout_fragment`` steps per env at a time (one fragment asked for
+on the ``calls`` transport, two on the ``stream``, so that an evaluator samples its next fragment while the last
+one travels), moves each finished batch into a bounded queue and asks that remote for the next, with the newest
+weights if the learner has updated them (packed once per weight version, see ``EvaluatorSet.payload``).
+The policy lag of a fragment is the learner's version when it arrives minus the version it was sampled with.
 The learner thread concatenates fragments into ``train_batch`` env steps and learns. One ``step()`` returns once
 ``max(train_batch, iteration_env_steps)`` env steps were sampled (default 1000); it reports what the
 learner did in the meantime.
@@ -19,9 +21,8 @@ from typing import Any
 
 import numpy as np
 import ray
-from ray.exceptions import RayActorError
 
-from crossrl.core.evaluator import EvaluatorSet, unpack_batch, weights_payload
+from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
 from crossrl.core.sample_batch import SampleBatch, concat
@@ -88,7 +89,8 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
             train_batch=self.train_batch,
             max_queue=int(self.hp["queue_per_worker"]) * len(evaluators.remotes),
         )
-        self._in_flight: dict[ray.ObjectRef, int] = {}
+        # fragments each remote has been asked for ahead: one Ray call returns one; the stream keeps two
+        self.ahead = 2 if evaluators.transport == "stream" else 1
         self._worker_version = [-1] * len(evaluators.remotes)
         self._weights: tuple[int, ray.ObjectRef | bytes] | None = None
         self._started = False
@@ -99,24 +101,23 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
             version = self.learner.version
             if self._weights is None or self._weights[0] != version:
                 weights = self.evaluators.local.get_weights()
-                self._weights = (version, weights_payload(weights, len(self.evaluators.remotes)))
+                self._weights = (version, self.evaluators.payload(weights))
         return self._weights
 
-    def _launch(self, i: int) -> None:
+    def _launch(self, i: int, credits: int = 1) -> None:
         with self.timer(M.TIME_SYNC_WEIGHTS_S):
             version, ref = self._weights_ref()
-        remote = self.evaluators.remotes[i]
-        if self._worker_version[i] != version:  # new weights travel in the sample call: one actor call
-            self._in_flight[remote.sample_packed.remote(self.fragment, ref, version)] = i
+        if self._worker_version[i] != version:  # new weights travel with the request
+            self.evaluators.launch(i, self.fragment, weights=ref, version=version, credits=credits)
             self._worker_version[i] = version
         else:
-            self._in_flight[remote.sample_packed.remote(self.fragment)] = i
+            self.evaluators.launch(i, self.fragment, credits=credits)
 
     def step(self) -> StepStats:
         if not self._started:
             self.learner.start()
             for i in range(len(self.evaluators.remotes)):
-                self._launch(i)
+                self._launch(i, credits=self.ahead)
             self._started = True
         stats = StepStats()
         lags = []
@@ -124,15 +125,17 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
             if self.learner.error is not None:
                 raise RuntimeError("learner thread failed") from self.learner.error
             with self.timer(M.TIME_SAMPLE_S):
-                ready = self._ready()
-            # Relaunch first: a worker idles from the end of its sample until its next call starts, so
+                ready = self.evaluators.ready()
+            # Relaunch first: on calls a worker idles from the end of its sample until its next call starts, so
             # the driver's bookkeeping and a full learner queue must not sit in between.
             for i, batch in ready:
                 if batch is None:  # its actor died: restarted, the batch is lost and never counted
                     self.evaluators.restart(i)
                     self._worker_version[i] = -1
-                else:
-                    lags.append(self.learner.version - self._worker_version[i])
+                    self._launch(i, credits=self.ahead)
+                    continue
+                if batch.weights_version is not None:
+                    lags.append(self.learner.version - batch.weights_version)
                 self._launch(i)
             for _, batch in ready:
                 if batch is not None:
@@ -145,29 +148,6 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         stats.values.update(mean_stats(infos))
         stats.values[M.DIAG_POLICY_LAG] = float(np.mean(lags)) if lags else 0.0
         return self._account(stats)
-
-    def _ready(self) -> list[tuple[int, SampleBatch | None]]:
-        """Every finished sample call (at least one; all that are done, in one ``ray.get``).
-
-        With many workers several finish while the driver handles one: taking them together saves a
-        ``ray.wait`` over all in-flight calls per batch. ``None`` for a call whose actor died.
-        """
-        refs = list(self._in_flight)
-        ready, rest = ray.wait(refs, num_returns=1)
-        if rest:
-            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
-            ready += more
-        indices = [self._in_flight.pop(r) for r in ready]
-        try:
-            batches: list[SampleBatch | None] = [unpack_batch(b) for b in ray.get(ready)]
-        except RayActorError:
-            batches = []
-            for r in ready:
-                try:
-                    batches.append(unpack_batch(ray.get(r)))
-                except RayActorError:
-                    batches.append(None)
-        return list(zip(indices, batches, strict=True))
 
     def _enqueue(self, batch: SampleBatch) -> None:
         """Blocks while the learner is behind (back-pressure), but not on a learner that died."""
@@ -184,17 +164,7 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         self.learner.stopped.set()
         if self.learner.is_alive():
             self.learner.join(timeout=10)
-        cancel_in_flight(self._in_flight)
-
-
-def cancel_in_flight(in_flight: dict[ray.ObjectRef, int]) -> None:
-    """Cancel every call in ``in_flight`` (best effort) and empty it."""
-    for ref in in_flight:
-        try:
-            ray.cancel(ref, force=False)
-        except Exception:  # noqa: BLE001 - best effort: the actors are killed next anyway
-            pass
-    in_flight.clear()
+        self.evaluators.cancel()
 
 
 OPTIMIZER = AsyncSamplesOptimizer

@@ -62,7 +62,8 @@ def test_a2c_two_remote_evaluators_reports_common_metrics() -> None:
     check_common_metrics(sink, min_points=4)
 
 
-def test_killed_evaluator_is_restarted_and_the_run_finishes() -> None:
+@pytest.mark.parametrize("transport", ["stream", "calls"])
+def test_killed_evaluator_is_restarted_and_the_run_finishes(transport: str) -> None:
     killed: list[int] = []
 
     def kill_one(iteration: int, evaluators: Any) -> None:
@@ -70,7 +71,7 @@ def test_killed_evaluator_is_restarted_and_the_run_finishes() -> None:
             ray.kill(evaluators.remotes[0], no_restart=True)
             killed.append(iteration)
 
-    trial = make_trial("ppo", env_steps=4000, train_batch=800, minibatch=400, epochs=1)
+    trial = make_trial("ppo", env_steps=4000, train_batch=800, minibatch=400, epochs=1, transport=transport)
     sink = run(trial, CrossrlAdapter(on_iteration=kill_one))
     points = check_common_metrics(sink, min_points=4)
     assert killed == [1]
@@ -82,14 +83,15 @@ def test_killed_evaluator_is_restarted_and_the_run_finishes() -> None:
     assert points[-1][M.ENV_STEPS_SAMPLED] >= 4000
 
 
-def test_killed_evaluator_under_async_sampling_is_restarted() -> None:
+@pytest.mark.parametrize("transport", ["stream", "calls"])
+def test_killed_evaluator_under_async_sampling_is_restarted(transport: str) -> None:
     """IMPALA: the dead actor's in-flight sample is dropped, the actor replaced, the run finishes."""
 
     def kill_one(iteration: int, evaluators: Any) -> None:
         if iteration == 1:
             ray.kill(evaluators.remotes[1], no_restart=True)
 
-    trial = make_trial("impala", env_steps=4000, train_batch=400, rollout_fragment=25)
+    trial = make_trial("impala", env_steps=4000, train_batch=400, rollout_fragment=25, transport=transport)
     points = check_common_metrics(run(trial, CrossrlAdapter(on_iteration=kill_one)), min_points=3)
     assert points[-1][M.WORKER_RESTARTS] >= 1 and points[0][M.WORKER_RESTARTS] == 0
     assert points[-1][M.ENV_STEPS_SAMPLED] >= 4000 and points[-1][M.ENV_STEPS_TRAINED] > 0

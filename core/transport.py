@@ -1,0 +1,287 @@
+"""How sample batches and weights travel between the driver and its evaluator actors.
+
+Two transports, chosen per :class:`~crossrl.core.evaluator.EvaluatorSet` (``execution.transport`` in a spec):
+
+- ``calls``: one Ray actor call per fragment (``sample_packed``), the weights inside the call when they change.
+- ``stream``: Ray starts and restarts the evaluators (the control plane); each evaluator then keeps a socket to
+  the driver (a Unix socket on the driver's node, TCP with an HMAC handshake from other nodes) and samples on
+  *credits*: the driver grants fragments (with new weights when they changed, as a versioned payload the
+  evaluator picks up between fragments) and the evaluator sends each finished fragment back without a call.
+  ``sync_samples`` grants one fragment per evaluator per iteration (lock-step, on-policy); ``async_samples``
+  keeps two granted, so an evaluator samples its next fragment while the last one travels.
+
+Measured per 48 KB fragment on one node, CPU of the actor / driver (``crossrl bench transport``): a Ray call
+with the weights ~325 / 400 us, a Ray streaming generator's item ~75 / 100 us, this socket 25 / 25 us
+(docs/performance.md, "The sample transport").
+
+A batch crosses the socket as a pickle (protocol 5) whose numpy buffers travel out of band: a header with the
+sizes, then the pickle and the buffers (joined into one message when small; one message each when large, so
+a pixel batch is never copied into one big bytes object). The receiver reads them into one ``bytearray`` and
+unpickles onto it: the columns it gets are writable and copied once, by the kernel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import shutil
+import struct
+import tempfile
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, Listener, wait
+from typing import Any, Final, get_args
+
+from ray.exceptions import RayActorError
+
+from crossrl.scenarios.spec import DEFAULT_TRANSPORT, Transport
+
+log = logging.getLogger(__name__)
+
+TRANSPORTS: Final[tuple[str, ...]] = get_args(Transport)
+__all__ = ["DEFAULT_TRANSPORT", "TRANSPORTS", "Grant", "StreamHub", "Transport", "connect", "serve_fragments"]
+
+# Buffers up to this size in all are joined into one message (one copy, one syscall); bigger ones go one
+# message each (no copy on the sender).
+JOIN_BYTES: Final = 1 << 20
+CONNECT_TIMEOUT_S: Final = 120.0
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Driver -> evaluator: sample ``credits`` more fragments of ``num_steps``; set ``weights`` (packed bytes,
+    version ``version``) and ``epsilon`` first when given."""
+
+    num_steps: int
+    credits: int = 1
+    version: int | None = None
+    weights: bytes | None = None
+    epsilon: float | None = None
+
+
+# ---- framing -----------------------------------------------------------------------------------------
+
+
+def send_object(conn: Connection, obj: Any) -> None:
+    """Send ``obj`` as a pickle with its buffers out of band (see the module docstring)."""
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    sizes = [len(head), *(r.nbytes for r in raws)]
+    conn.send_bytes(struct.pack(f"<I{len(sizes)}Q", len(sizes), *sizes))
+    if sum(sizes) <= JOIN_BYTES:
+        conn.send_bytes(b"".join([head, *raws]))
+    else:
+        conn.send_bytes(head)
+        for r in raws:
+            conn.send_bytes(r)
+
+
+def recv_object(conn: Connection) -> Any:
+    """The object :func:`send_object` sent; raises ``EOFError``/``OSError`` when the peer is gone."""
+    header = conn.recv_bytes()
+    (n,) = struct.unpack_from("<I", header)
+    sizes = struct.unpack_from(f"<{n}Q", header, 4)
+    total = sum(sizes)
+    buf = bytearray(total)
+    view = memoryview(buf)
+    got = 0
+    while got < total:
+        got += conn.recv_bytes_into(view[got:])
+    parts, start = [], 0
+    for s in sizes:
+        parts.append(view[start : start + s])
+        start += s
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+# ---- driver side ---------------------------------------------------------------------------------------
+
+
+class StreamHub:
+    """The driver's end of the ``stream`` transport: listens, accepts one connection per evaluator incarnation,
+    grants fragments and collects them.
+
+    ``start(i, actor)`` asks remote ``i`` (a fresh actor) to connect and waits for it. A connection that ends
+    (the evaluator's process died) makes :meth:`ready` report ``(i, None)``; the owner restarts the actor and
+    calls ``start`` again. Fragments granted to an incarnation that died are dropped, never re-sent.
+    """
+
+    def __init__(self, num_remote: int, *, node_ip: str | None = None, node_id: str | None = None) -> None:
+        self._authkey = os.urandom(32)
+        self._dir = tempfile.mkdtemp(prefix="crossrl-stream-")
+        self._listeners = [Listener(os.path.join(self._dir, "hub"), family="AF_UNIX", authkey=self._authkey)]
+        # what an evaluator needs to connect (sent to it in its start_stream call, over Ray)
+        self.address: dict[str, Any] = {
+            "unix": self._listeners[0].address, "tcp": None, "node_id": node_id, "authkey": self._authkey,
+        }  # fmt: skip
+        if node_ip is not None:  # evaluators on other nodes connect here
+            tcp = Listener((node_ip, 0), family="AF_INET", authkey=self._authkey)
+            self._listeners.append(tcp)
+            self.address["tcp"] = tcp.address
+        self._arrivals: queue.Queue[tuple[int, int, Connection]] = queue.Queue()
+        self._closed = threading.Event()
+        for listener in self._listeners:
+            threading.Thread(target=self._accept, args=(listener,), name="crossrl-stream-accept", daemon=True).start()
+        self.conns: list[Connection | None] = [None] * num_remote
+        self.incarnation = [0] * num_remote
+        self.outstanding = [0] * num_remote  # fragments granted and not yet received
+
+    def _accept(self, listener: Listener) -> None:
+        while not self._closed.is_set():
+            try:
+                conn = listener.accept()
+                index, incarnation = conn.recv()
+            except Exception:  # noqa: BLE001 - a failed handshake or a closed listener
+                if self._closed.is_set():
+                    return
+                log.warning("stream transport: a connection failed its handshake; ignored")
+                continue
+            self._arrivals.put((index, incarnation, conn))
+
+    def start(self, actors: Sequence[tuple[int, Any]], *, get: Callable[[Any], Any]) -> list[int]:
+        """Ask each ``(i, actor)`` (remote ``i``, worker index ``i + 1``, a fresh actor) to connect; wait for them.
+
+        ``get`` is ``ray.get``. Returns the ``i`` whose actor died before it connected (``get`` raised
+        ``RayActorError``): the owner restarts those.
+        """
+        refs = {}
+        for i, actor in actors:
+            self._drop(i)
+            self.incarnation[i] += 1
+            refs[i] = actor.start_stream.remote(self.address, self.incarnation[i])
+        failed, waiting = [], set()
+        for i, ref in refs.items():
+            try:
+                get(ref)
+                waiting.add(i)
+            except RayActorError:  # died before it connected: reported, restarted by the owner
+                failed.append(i)
+        while waiting:
+            try:
+                index, incarnation, conn = self._arrivals.get(timeout=CONNECT_TIMEOUT_S)
+            except queue.Empty:
+                raise TimeoutError(
+                    f"stream transport: evaluators {sorted(w + 1 for w in waiting)} did not connect to the driver "
+                    f"within {CONNECT_TIMEOUT_S:.0f} s (address {self.address['unix']} / {self.address['tcp']})"
+                ) from None
+            i = index - 1
+            if i in waiting and incarnation == self.incarnation[i]:
+                self.conns[i] = conn
+                waiting.discard(i)
+            else:
+                conn.close()  # a stale incarnation
+        return failed
+
+    def grant(self, i: int, grant: Grant) -> bool:
+        """Send ``grant`` to evaluator ``i``; False when its connection is gone (then it has to be restarted)."""
+        conn = self.conns[i]
+        if conn is None:
+            return False
+        try:
+            conn.send(grant)
+        except (OSError, EOFError):
+            self._drop(i)
+            return False
+        self.outstanding[i] += grant.credits
+        return True
+
+    def ready(self, timeout: float | None = None) -> list[tuple[int, Any]]:
+        """Every fragment waiting now (at least one unless ``timeout`` passes): ``(i, batch)``, or ``(i, None)``
+        once for an evaluator whose connection ended (its outstanding fragments are dropped)."""
+        live = {c: i for i, c in enumerate(self.conns) if c is not None and self.outstanding[i] > 0}
+        if not live:
+            return []
+        out: list[tuple[int, Any]] = []
+        for conn in wait(list(live), timeout):
+            i = live[conn]  # type: ignore[index]
+            try:
+                batch = recv_object(conn)  # type: ignore[arg-type]
+            except (OSError, EOFError):
+                self._drop(i)
+                out.append((i, None))
+                continue
+            self.outstanding[i] -= 1
+            out.append((i, batch))
+        return out
+
+    def forget(self, i: int) -> None:
+        """Close evaluator ``i``'s connection (it was replaced); its outstanding fragments are dropped."""
+        self._drop(i)
+
+    def _drop(self, i: int) -> None:
+        conn, self.conns[i] = self.conns[i], None
+        self.outstanding[i] = 0
+        if conn is not None:
+            conn.close()
+
+    def close(self) -> None:
+        """Tell every evaluator to stop streaming, close every connection and the listeners."""
+        self._closed.set()
+        for i, conn in enumerate(self.conns):
+            if conn is not None:
+                try:
+                    conn.send(None)
+                except (OSError, EOFError):
+                    pass
+                self._drop(i)
+        for listener in self._listeners:
+            listener.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+# ---- evaluator side ------------------------------------------------------------------------------------
+
+
+def connect(address: dict[str, Any], *, node_id: str | None, hello: tuple[int, int]) -> Connection:
+    """The evaluator's connection to the hub (its Unix socket on the same node, else its TCP address), with
+    ``hello`` = (worker index, incarnation) sent."""
+    if address["tcp"] is None or node_id == address["node_id"]:
+        conn = Client(address["unix"], family="AF_UNIX", authkey=address["authkey"])
+    else:
+        conn = Client(tuple(address["tcp"]), family="AF_INET", authkey=address["authkey"])
+    conn.send(hello)
+    return conn
+
+
+def serve_fragments(conn: Connection, sample: Callable[[Grant | None, int], Any], stopped: threading.Event) -> None:
+    """The evaluator's streaming loop: take every grant waiting (wait for one while out of credits), sample a
+    fragment, send it. ``sample(newest_grant_or_None, num_steps)`` applies a grant's weights and epsilon (when
+    it carries them) and returns the batch. Ends when the driver sends ``None`` or goes away."""
+    credits, num_steps = 0, 0
+    try:
+        while not stopped.is_set():
+            newest: Grant | None = None
+            while credits == 0 or conn.poll():
+                msg = conn.recv()
+                if msg is None:
+                    return
+                credits += msg.credits
+                num_steps = msg.num_steps
+                if msg.weights is not None or msg.epsilon is not None:
+                    newest = _merge(newest, msg)
+            send_object(conn, sample(newest, num_steps))
+            credits -= 1
+    except (OSError, EOFError):
+        return  # the driver closed the connection
+    finally:
+        conn.close()
+
+
+def _merge(old: Grant | None, new: Grant) -> Grant:
+    """The newest weights and the newest epsilon of two grants."""
+    if old is None:
+        return new
+    weights, version = (new.weights, new.version) if new.weights is not None else (old.weights, old.version)
+    epsilon = new.epsilon if new.epsilon is not None else old.epsilon
+    return Grant(new.num_steps, new.credits, version, weights, epsilon)
+
+
+def check_transport(name: str) -> Transport:
+    """``name`` if it is a transport, else ValueError naming the known ones."""
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown transport {name!r}; known: {', '.join(TRANSPORTS)}")
+    return name  # type: ignore[return-value]

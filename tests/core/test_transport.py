@@ -1,0 +1,147 @@
+"""The sample transports: the stream's framing and credits (over a pipe), and both transports on real Ray actors."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from multiprocessing import Pipe
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import ray
+
+from crossrl.core import sample_batch as sb
+from crossrl.core import transport as tx
+from crossrl.core.algorithms import load
+from crossrl.core.evaluator import EvaluatorSet
+from crossrl.core.policy import PolicySpec
+from crossrl.core.sample_batch import SampleBatch
+from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
+from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+
+def batch_of(rows: int, width: int) -> SampleBatch:
+    rng = np.random.default_rng(rows)
+    batch = SampleBatch(
+        {sb.OBS: rng.random((rows, 2, width), np.float32), sb.VALID: rng.random((rows, 2)) < 0.9},
+        time_major=True,
+        episode_returns=[1.5, 2.0],
+        episode_lengths=[3, 4],
+    )
+    batch.weights_version = 7
+    return batch
+
+
+@pytest.mark.parametrize("width", [4, 300_000])  # joined into one message / one message per buffer
+def test_a_batch_crosses_the_stream_whole_and_writable(width: int) -> None:
+    a, b = Pipe()
+    sent = batch_of(5, width)
+    assert (sum(v.nbytes for v in sent.values()) > tx.JOIN_BYTES) == (width > 4)
+    sender = threading.Thread(target=tx.send_object, args=(a, sent))
+    sender.start()
+    got = tx.recv_object(b)
+    sender.join()
+    assert isinstance(got, SampleBatch) and got.time_major
+    assert got.keys() == sent.keys()
+    for k in sent:
+        np.testing.assert_array_equal(got[k], sent[k])
+        assert got[k].dtype == sent[k].dtype and got[k].flags.writeable
+    assert (got.episode_returns, got.episode_lengths, got.weights_version) == ([1.5, 2.0], [3, 4], 7)
+    got[sb.OBS][0, 0, 0] = -1.0  # the receiver owns its columns
+
+
+def test_the_stream_samples_on_credits_and_takes_the_newest_weights_between_fragments() -> None:
+    driver, evaluator = Pipe()
+    calls: list[tuple[int | None, float | None, int]] = []
+
+    def sample(grant: tx.Grant | None, num_steps: int) -> dict[str, Any]:
+        calls.append((None if grant is None else grant.version, None if grant is None else grant.epsilon, num_steps))
+        return {"n": len(calls)}
+
+    stopped = threading.Event()
+    loop = threading.Thread(target=tx.serve_fragments, args=(evaluator, sample, stopped))
+    # Three grants wait before the loop starts: it takes all of them, with the newest weights and epsilon.
+    driver.send(tx.Grant(8, credits=1, version=1, weights=b"w1"))
+    driver.send(tx.Grant(8, credits=1, version=2, weights=b"w2"))
+    driver.send(tx.Grant(8, credits=1, epsilon=0.5))
+    loop.start()
+    assert [tx.recv_object(driver)["n"] for _ in range(3)] == [1, 2, 3]
+    assert calls == [(2, 0.5, 8), (None, None, 8), (None, None, 8)]
+    assert not driver.poll(0.3)  # out of credits: it waits
+    driver.send(tx.Grant(16, credits=2))
+    assert [tx.recv_object(driver)["n"] for _ in range(2)] == [4, 5]
+    assert calls[3:] == [(None, None, 16), (None, None, 16)]
+    driver.send(None)  # stop
+    loop.join(timeout=5)
+    assert not loop.is_alive()
+
+
+def evaluator_set(transport: str, *, num_remote: int = 2) -> EvaluatorSet:
+    alg = load("ppo")
+    return EvaluatorSet(
+        env_spec=EnvSpec(id="CartPole-v1"),
+        num_envs=3,
+        policy_factory=PolicySpec(
+            policy_cls=alg.policy_cls, hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]), model=ModelSpec()
+        ),
+        num_remote=num_remote,
+        seed=11,
+        transport=transport,
+    )
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_both_transports_sample_the_same_fragments_with_the_same_weights() -> None:
+    out = {}
+    for transport in ("calls", "stream"):
+        ev = evaluator_set(transport)
+        try:
+            rounds = []
+            for r in range(3):  # new weights every round, as sync_samples sends them
+                ev.local.set_weights({k: v + 0.1 * r for k, v in ev.local.get_weights().items()})
+                ev.broadcast_weights(with_next_sample=True)
+                rounds.append(ev.sample(num_steps=40))
+            out[transport] = rounds
+        finally:
+            ev.stop()
+    for calls_round, stream_round in zip(out["calls"], out["stream"], strict=True):
+        assert len(calls_round) == len(stream_round) == 2
+        for a, b in zip(calls_round, stream_round, strict=True):
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+            assert a.episode_returns == b.episode_returns
+    assert [b.weights_version for r in out["stream"] for b in r] == [1, 1, 2, 2, 3, 3]
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_streaming_evaluator_that_dies_is_reported_once_and_its_replacement_streams() -> None:
+    ev = evaluator_set("stream")
+    try:
+        ev.launch(0, 20, credits=1)
+        ev.launch(1, 20, credits=1)
+        got: dict[int, Any] = {}
+        while len(got) < 2:
+            got.update(ev.ready())
+        pid = ray.get(ev.remotes[1].apply.remote(lambda _: os.getpid()))
+        ray.kill(ev.remotes[1], no_restart=True)
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the killed evaluator's process lives on"
+            time.sleep(0.05)
+        ev.launch(0, 20)
+        ev.launch(1, 20)
+        seen: list[tuple[int, bool]] = []
+        while len(seen) < 2:
+            seen += [(i, b is not None) for i, b in ev.ready()]
+        assert sorted(seen) == [(0, True), (1, False)]
+        ev.restart(1)
+        ev.launch(1, 20, weights=ev.payload(ev.local.get_weights()), version=5)
+        (i, batch), *rest = ev.ready(timeout=60)
+        assert not rest and i == 1 and batch is not None and batch.weights_version == 5
+        assert ev.worker_restarts == 1
+    finally:
+        ev.stop()
