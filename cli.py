@@ -762,6 +762,27 @@ def _store_bench(kind: str, result: Any, *, tracking_uri: str | None, results_di
     console.print(f"logged to {store.uri}: experiment bench-{kind}, run {run_id}")
 
 
+Transports = Annotated[
+    str,
+    typer.Option(
+        "--transports",
+        help="crossrl's sample transports, e.g. calls,stream: one crossrl row each (calls rows end in +calls)",
+    ),
+]
+
+
+def _transports(text: str) -> tuple[str, ...]:
+    """``--transports`` parsed; an unknown one is a usage error naming the known ones."""
+    from crossrl.scenarios.spec import TRANSPORTS
+
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [t for t in names if t not in TRANSPORTS]
+    if bad or not names:
+        _fail([f"--transports: {text!r} names no known transport ({', '.join(bad) or 'none given'}); known: "
+               f"{', '.join(TRANSPORTS)}, e.g. --transports calls,stream"])  # fmt: skip
+    return names
+
+
 @bench_app.command("sampling")
 def bench_sampling_cmd(
     env: Annotated[str, typer.Option("--env", help="gymnasium env id")] = "CartPole-v1",
@@ -788,6 +809,7 @@ def bench_sampling_cmd(
             "--fragment", help="env steps per env per iteration, every engine; auto: ceil(4000 / (workers x envs))"
         ),
     ] = "auto",
+    transports: Transports = "stream",
     json_out: JsonOut = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
@@ -816,6 +838,7 @@ def bench_sampling_cmd(
         engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
         fragment=None if fragment == "auto" else _positive_int(fragment, "--fragment"),
         progress=console.print,
+        transports=_transports(transports),
     )
     _emit_bench("sampling", table, print_speed_table, json_out=json_out, tracking_uri=tracking_uri,
                 results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
@@ -839,6 +862,7 @@ def bench_scaling_cmd(
             "a sweep in the same rounds, efficiency per fragment",
         ),
     ] = "64",
+    transports: Transports = "stream",
     json_out: JsonOut = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
@@ -858,6 +882,7 @@ def bench_scaling_cmd(
         repeat=repeat,
         fragments=_positive_ints(fragment, "--fragment"),
         progress=console.print,
+        transports=_transports(transports),
     )
     _emit_bench("scaling", table, print_speed_table, json_out=json_out, tracking_uri=tracking_uri,
                 results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
@@ -867,11 +892,19 @@ def bench_scaling_cmd(
 def bench_e2e_cmd(
     engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib,torchrl",
     seeds: Annotated[str, typer.Option("--seeds")] = "0,1,2",
+    limit: Annotated[
+        bool,
+        typer.Option(
+            "--limit/--no-limit",
+            help="also time the raw env alone and crossrl's learner alone, and give wall time against their sum",
+        ),
+    ] = True,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
     json_out: JsonOut = None,
 ) -> None:
-    """PPO CartPole-v1 wall seconds to return 450 per engine (the cartpole-ppo scenario, real runner)."""
+    """PPO CartPole-v1 wall seconds to return 450 per engine (the cartpole-ppo scenario, real runner), and each
+    against the limit: its env steps through the raw env alone plus crossrl's learner alone, timed in the same run."""
     from crossrl.adapters.bench.commands import bench_e2e
     from crossrl.adapters.bench.results import print_e2e_table
     from crossrl.reports.store import ResultsStore
@@ -882,6 +915,7 @@ def bench_e2e_cmd(
         seeds=tuple(_csv_ints(seeds, "--seeds") or ()),
         store=ResultsStore(tracking_uri, results_dir=results_dir),
         progress=console.print,
+        limit=limit,
     )
     _emit_bench("e2e", table, print_e2e_table, json_out=json_out, tracking_uri=tracking_uri,
                 results_dir=results_dir, store=True, console=console)  # fmt: skip

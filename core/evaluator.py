@@ -164,6 +164,7 @@ class PolicyEvaluator:
         threading.Thread(
             target=tx.serve_fragments,
             args=(conn, self._stream_sample, self._stream_stopped),
+            kwargs={"worker_index": self.worker_index},
             name="crossrl-stream",
             daemon=True,
         ).start()

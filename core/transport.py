@@ -30,19 +30,22 @@ import shutil
 import struct
 import tempfile
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener, wait
-from typing import Any, Final, get_args
+from typing import Any, Final
 
 from ray.exceptions import RayActorError
 
-from crossrl.scenarios.spec import DEFAULT_TRANSPORT, Transport
+from crossrl.scenarios.spec import DEFAULT_TRANSPORT, TRANSPORTS, Transport
 
 log = logging.getLogger(__name__)
 
-TRANSPORTS: Final[tuple[str, ...]] = get_args(Transport)
-__all__ = ["DEFAULT_TRANSPORT", "TRANSPORTS", "Grant", "StreamHub", "Transport", "connect", "serve_fragments"]
+__all__ = [
+    "DEFAULT_TRANSPORT", "TRANSPORTS", "EvaluatorFailed", "Grant", "RemoteFailure", "StreamHub", "Transport",
+    "connect", "serve_fragments",
+]  # fmt: skip
 
 # Buffers up to this size in all are joined into one message (one copy, one syscall); bigger ones go one
 # message each (no copy on the sender).
@@ -60,6 +63,19 @@ class Grant:
     version: int | None = None
     weights: bytes | None = None
     epsilon: float | None = None
+
+
+@dataclass(frozen=True)
+class RemoteFailure:
+    """Evaluator -> driver, instead of a fragment: sampling raised (the env or the policy failed)."""
+
+    worker_index: int
+    error: str  # "Type: message"
+    traceback: str
+
+
+class EvaluatorFailed(RuntimeError):
+    """An evaluator's sampling raised; the message carries its error and its traceback (as Ray's task errors do)."""
 
 
 # ---- framing -----------------------------------------------------------------------------------------
@@ -204,6 +220,11 @@ class StreamHub:
                 self._drop(i)
                 out.append((i, None))
                 continue
+            if isinstance(batch, RemoteFailure):
+                self._drop(i)
+                raise EvaluatorFailed(
+                    f"evaluator {batch.worker_index} failed: {batch.error}\n\nits traceback:\n{batch.traceback}"
+                )
             self.outstanding[i] -= 1
             out.append((i, batch))
         return out
@@ -247,10 +268,17 @@ def connect(address: dict[str, Any], *, node_id: str | None, hello: tuple[int, i
     return conn
 
 
-def serve_fragments(conn: Connection, sample: Callable[[Grant | None, int], Any], stopped: threading.Event) -> None:
+def serve_fragments(
+    conn: Connection,
+    sample: Callable[[Grant | None, int], Any],
+    stopped: threading.Event,
+    *,
+    worker_index: int = 0,
+) -> None:
     """The evaluator's streaming loop: take every grant waiting (wait for one while out of credits), sample a
     fragment, send it. ``sample(newest_grant_or_None, num_steps)`` applies a grant's weights and epsilon (when
-    it carries them) and returns the batch. Ends when the driver sends ``None`` or goes away."""
+    it carries them) and returns the batch. Ends when the driver sends ``None`` or goes away, or after sending a
+    :class:`RemoteFailure` when ``sample`` raised."""
     credits, num_steps = 0, 0
     try:
         while not stopped.is_set():
@@ -263,7 +291,12 @@ def serve_fragments(conn: Connection, sample: Callable[[Grant | None, int], Any]
                 num_steps = msg.num_steps
                 if msg.weights is not None or msg.epsilon is not None:
                     newest = _merge(newest, msg)
-            send_object(conn, sample(newest, num_steps))
+            try:
+                batch = sample(newest, num_steps)
+            except Exception as e:  # noqa: BLE001 - reported to the driver, which fails the trial with it
+                send_object(conn, RemoteFailure(worker_index, f"{type(e).__name__}: {e}", traceback.format_exc()))
+                return
+            send_object(conn, batch)
             credits -= 1
     except (OSError, EOFError):
         return  # the driver closed the connection

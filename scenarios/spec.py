@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -26,6 +26,7 @@ Preprocessing = Literal["none", "atari", "minatar"]
 # How crossrl's evaluators hand fragments to the driver (crossrl.core.transport): a socket each, or one Ray
 # actor call per fragment. The same fragments either way.
 Transport = Literal["calls", "stream"]
+TRANSPORTS: tuple[str, ...] = get_args(Transport)
 DEFAULT_TRANSPORT: Transport = "stream"
 
 FRAME_SIZES: dict[str, tuple[int, int]] = {"atari": (84, 84), "minatar": (10, 10)}

@@ -22,15 +22,13 @@ from crossrl.adapters.bench.results import (
     E2ETable,
     Overhead,
     SpeedTable,
-    SweepRow,
-    SweepTable,
     add_scaling,
     speed_rows,
 )
 from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, default_model, measure
 from crossrl.scenarios import catalog
 from crossrl.scenarios import metrics as M
-from crossrl.scenarios.spec import EnvSpec, ModelSpec
+from crossrl.scenarios.spec import DEFAULT_TRANSPORT, EnvSpec, ModelSpec
 
 # raw: plain processes stepping the envs with random actions; limit: the same running the policy network too
 SAMPLING_ENGINES = ("raw", "limit", *catalog.ENGINES)
@@ -44,7 +42,7 @@ def _say(progress: Progress | None, text: str) -> None:
 
 
 def _interleaved(
-    contestants: Sequence[tuple[str, str | None]],
+    contestants: Sequence[tuple[str, str | None, str | None]],
     *,
     env_spec: EnvSpec,
     workers: Sequence[int],
@@ -57,15 +55,16 @@ def _interleaved(
     progress: Progress | None,
     rss: bool = False,
 ) -> list[SamplerResult]:
-    """Round r: for each worker count and each fragment (None: :func:`auto_fragment`), every contestant once,
-    in order; ``repeat`` rounds. ``rss``: also read each env-stepping process's peak RSS."""
+    """Round r: for each worker count and each fragment (None: :func:`auto_fragment`), every contestant
+    (engine, crossrl's optimizer, crossrl's transport) once, in order; ``repeat`` rounds. ``rss``: also read each
+    env-stepping process's peak RSS."""
     if repeat < 1:
         raise ValueError(f"bench: repeat={repeat} must be >= 1")
     out = []
     for r in range(repeat):
         for w in workers:
             for fragment in fragments:
-                for engine, optimizer in contestants:
+                for engine, optimizer, transport in contestants:
                     res = measure(
                         engine,
                         env_spec=env_spec,
@@ -77,6 +76,7 @@ def _interleaved(
                         fragment=fragment or auto_fragment(w, envs_per_worker),
                         optimizer=optimizer,
                         rss=rss,
+                        transport=transport,
                     )
                     out.append(res)
                     frag = f" fragment {res.fragment}" if len(fragments) > 1 else ""
@@ -107,6 +107,7 @@ def bench_sampling(
     fragment: int | None = None,
     model: ModelSpec | None = None,
     progress: Progress | None = None,
+    transports: Sequence[str] = (DEFAULT_TRANSPORT,),
 ) -> SpeedTable:
     """Pure-sampling env steps/s of each engine at each worker count, interleaved over ``repeat`` rounds.
 
@@ -128,8 +129,11 @@ def bench_sampling(
     if env_spec.multi_agent and "limit" in engines:
         engines = [e for e in engines if e != "limit"]
         _say(progress, f"limit: left out, {env_spec.id} is a multi-agent env (the limit steps single-agent envs)")
+    contestants: list[tuple[str, str | None, str | None]] = []
+    for e in engines:
+        contestants += [(e, "sync_samples", t) for t in transports] if e == "crossrl" else [(e, None, None)]
     results = _interleaved(
-        [(e, "sync_samples" if e == "crossrl" else None) for e in engines],
+        contestants,
         env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds,
         warmup_s=warmup_s, fragments=[fragment], model=model, progress=progress, rss=True,
     )  # fmt: skip
@@ -142,6 +146,7 @@ def bench_sampling(
     }
     cond = {"seconds": seconds, "warmup_s": warmup_s, "repeat": repeat, "fragment": frag,
             "model": model.model_dump(mode="json"), "network": network_line(model), "crossrl_optimizer": "sync_samples",
+            "crossrl_transports": list(transports),
             "machine_cores": os.cpu_count() or 1}  # fmt: skip
     if env_spec.multi_agent:
         cond["env"] = env_spec.model_dump(mode="json", exclude_defaults=True)
@@ -168,6 +173,7 @@ def bench_scaling(
     fragments: Sequence[int] = (64,),
     model: ModelSpec = DEFAULT_MODEL,
     progress: Progress | None = None,
+    transports: Sequence[str] = (DEFAULT_TRANSPORT,),
 ) -> SpeedTable:
     """Throughput against workers on an env whose step sleeps ``env_latency_ms`` (wall time, no CPU).
 
@@ -177,7 +183,8 @@ def bench_scaling(
 
     crossrl is measured once per optimizer in ``optimizers`` (rows "crossrl/<optimizer>"), each
     through the optimizer's own ``step()`` with a no-op learning step; ratios to crossrl use
-    "crossrl/sync_samples". Ray is started with ``max(workers, cores)`` CPUs and every actor asks for
+    "crossrl/sync_samples", and once per transport in ``transports`` (rows "crossrl/<optimizer>+calls" for Ray
+    calls; the default transport's rows carry no suffix). Ray is started with ``max(workers, cores)`` CPUs and every actor asks for
     one, so 16 sleeping workers fit on 2 cores. Speedup and efficiency are against the fewest workers.
     "raw" (plain processes stepping the same latency env with random actions, ``fragment`` steps per
     request over a pipe, a barrier per request like sync_samples) is the machine's own scaling limit.
@@ -188,9 +195,9 @@ def bench_scaling(
     fragments = list(dict.fromkeys(fragments))  # a repeated value is measured once
     if not fragments or any(f < 1 for f in fragments):
         raise ValueError(f"bench scaling: fragments {fragments} must be one or more integers >= 1")
-    contestants: list[tuple[str, str | None]] = []
+    contestants: list[tuple[str, str | None, str | None]] = []
     for e in engines:
-        contestants += [(e, o) for o in optimizers] if e == "crossrl" else [(e, None)]
+        contestants += [(e, o, t) for o in optimizers for t in transports] if e == "crossrl" else [(e, None, None)]
     results = _interleaved(
         contestants,
         env_spec=EnvSpec(id=env_id, step_latency_ms=env_latency_ms), workers=sorted(workers),
@@ -201,7 +208,8 @@ def bench_scaling(
     add_scaling(rows)
     cond = {"env_latency_ms": env_latency_ms, "seconds": seconds, "warmup_s": warmup_s, "repeat": repeat,
             "fragment": fragments[0] if len(fragments) == 1 else fragments, "ray_cpus": "max(workers, cores), 1 per actor",
-            "machine_cores": os.cpu_count() or 1, "model": model.model_dump(mode="json")}  # fmt: skip
+            "machine_cores": os.cpu_count() or 1, "model": model.model_dump(mode="json"),
+            "crossrl_transports": list(transports)}  # fmt: skip
     return SpeedTable(kind="scaling", env_id=env_id, rows=rows, conditions=cond)
 
 
@@ -212,8 +220,12 @@ def bench_e2e(
     store: Any = None,
     scenario: str = "cartpole-ppo",
     progress: Progress | None = None,
+    limit: bool = True,
 ) -> E2ETable:
     """Run ``scenario`` (PPO CartPole-v1 to 450) through the real runner; wall seconds to target per engine.
+
+    ``limit``: then also time, in the same run, the raw env alone and crossrl's learner alone
+    (:func:`e2e_parts`), and give each seed's wall seconds against the sum of the two for its env steps.
 
     ``store``: a :class:`~crossrl.reports.store.ResultsStore`; None: a throw-away one in a temp folder.
     Wall seconds are the trials' ``wall_s_to_target`` (from the clock start, set-up excluded); each
@@ -236,66 +248,61 @@ def bench_e2e(
 
         outcome = run_scenario(spec, store=st, spec_path=path, skip_unsupported=True, progress=notify,
                                command=f"crossrl bench e2e {scenario}")  # fmt: skip
-    return e2e_table(spec, outcome)
+    parts = e2e_parts(spec, progress=progress) if limit else None
+    return e2e_table(spec, outcome, parts)
 
 
-def bench_sweep(
-    *,
-    ray_address: str,
-    scenario: str = "smoke",
-    parallel: int = 2,
-    overrides: dict[str, Any] | None = None,
-    progress: Progress | None = None,
-) -> SweepTable:
-    """The scenario's sweep on the cluster at ``ray_address`` twice, both timed: ``parallel`` trials at once
-    first, then one trial at a time (so whatever the first sweep warms, such as Ray's idle workers, helps
-    the sequential one). Each into a throw-away store of its own."""
-    from crossrl.adapters.runner import run_scenario
-    from crossrl.reports.store import ResultsStore
-    from crossrl.scenarios.loader import load
-
-    spec, path = load(scenario, overrides=overrides or {})
-    rows = []
-    for at_once in (parallel, 1):
-        with tempfile.TemporaryDirectory(prefix="crossrl-bench-sweep-") as tmp:
-
-            def notify(event: str, payload: dict[str, Any], at_once: int = at_once) -> None:
-                if event == "trial_end":
-                    r = payload["result"]
-                    _say(progress, f"--parallel {at_once}: {r.trial.name} {r.status} ({r.wall_s:.1f} s)")
-
-            t0 = time.perf_counter()
-            outcome = run_scenario(
-                spec,
-                store=ResultsStore(results_dir=Path(tmp)),
-                spec_path=path,
-                ray_address=ray_address,
-                progress=notify,
-                command=f"crossrl bench sweep {scenario} --parallel {at_once}",
-                parallel=at_once,
-            )
-            wall = time.perf_counter() - t0
-        finished = sum(r.status == M.FINISHED for r in outcome.results)
-        rows.append(SweepRow(at_once, len(outcome.results), finished, wall, outcome.parent_id))
-    return SweepTable(scenario=spec.name, ray_address=ray_address, rows=rows)
+def e2e_parts(spec: Any, *, seconds: float = 5.0, progress: Progress | None = None) -> dict[str, float]:
+    """The two parts a PPO iteration of ``spec`` cannot avoid, each timed in a fresh process: the raw env alone
+    (``workers x envs_per_worker`` envs in plain processes, random actions, the train batch's fragment per
+    request) and crossrl's learner alone (the scenario's epochs and minibatches on one stored train batch), as
+    env steps per second of each."""
+    workers = spec.execution.workers[0]
+    envs = spec.execution.envs_per_worker
+    hp = spec.algorithm.resolved_hyperparams()
+    fragment = -(-int(hp["train_batch"]) // (workers * envs))
+    kw = {"env_spec": spec.env, "workers": workers, "envs_per_worker": envs, "model": spec.algorithm.model,
+          "seconds": seconds, "fragment": fragment}  # fmt: skip
+    raw = measure("raw", **kw)
+    _say(progress, f"raw env alone, {workers} x {envs}: {raw.steps_per_s[0]:,.0f} env steps/s")
+    learner = measure("learner", **kw, warmup_s=2.0, hyperparams=hp)
+    per_iteration = learner.info["train_batch"] / learner.steps_per_s[0]
+    _say(progress, f"learner alone: {per_iteration:.3f} s per iteration of {learner.info['train_batch']} env steps")
+    return {
+        "raw_env_steps_per_s": raw.steps_per_s[0],
+        "learner_env_steps_per_s": learner.steps_per_s[0],
+        "learner_s_per_iteration": per_iteration,
+        "train_batch": float(learner.info["train_batch"]),
+    }
 
 
-def e2e_table(spec: Any, outcome: Any) -> E2ETable:
-    """Per engine of ``spec`` (a ScenarioSpec), its trials' wall seconds and env steps to the target."""
+def e2e_table(spec: Any, outcome: Any, parts: dict[str, float] | None = None) -> E2ETable:
+    """Per engine of ``spec`` (a ScenarioSpec), its trials' wall seconds and env steps to the target; with
+    ``parts`` (:func:`e2e_parts`) also each seed's limit: its env steps to the target through the raw env alone
+    plus the learner alone."""
 
     rows = []
     for engine in spec.engines:
         mine = [r for r in outcome.results if r.trial.engine == engine]
+        steps = [_opt(r.summary.get(M.STEPS_TO_TARGET)) for r in mine]
         rows.append(
             E2ERow(
                 engine=engine,
                 wall_s=[_opt(r.summary.get(M.WALL_S_TO_TARGET)) for r in mine],
-                steps=[_opt(r.summary.get(M.STEPS_TO_TARGET)) for r in mine],
+                steps=steps,
                 statuses=[r.status for r in mine],
+                limit_s=[e2e_limit_s(n, parts) for n in steps] if parts else [],
             )
         )
     target = spec.target.episode_return_mean
-    return E2ETable(scenario=spec.name, target=target, rows=rows, parent_run_id=outcome.parent_id)
+    return E2ETable(scenario=spec.name, target=target, rows=rows, parent_run_id=outcome.parent_id, parts=parts or {})
+
+
+def e2e_limit_s(steps: float | None, parts: dict[str, float]) -> float | None:
+    """Seconds the raw env alone and the learner alone need for ``steps`` env steps (None: target not reached)."""
+    if steps is None:
+        return None
+    return steps / parts["raw_env_steps_per_s"] + steps / parts["learner_env_steps_per_s"]
 
 
 def _opt(x: Any) -> float | None:

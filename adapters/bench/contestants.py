@@ -24,7 +24,7 @@ from typing import Any
 from crossrl.adapters.bench.base import Contestant, getpid, ray_up
 from crossrl.adapters.bench.others import setup_rllib, setup_torchrl
 from crossrl.scenarios import catalog
-from crossrl.scenarios.spec import EnvSpec, ModelSpec
+from crossrl.scenarios.spec import DEFAULT_TRANSPORT, EnvSpec, ModelSpec
 
 # raw: plain processes stepping the envs with random actions, the env's own limit; limit: the same processes
 # also running the policy network's batched forward pass every step, no framework (the sampling limit)
@@ -280,6 +280,7 @@ def setup_crossrl(
     model: ModelSpec,
     fragment: int,
     optimizer: str = "sync_samples",
+    transport: str = DEFAULT_TRANSPORT,
 ) -> Contestant:
     """``optimizer``'s own ``step()`` (sync_samples: broadcast, sample all, concat; async_samples: one
     sample in flight per worker, a learner thread that consumes batches) with a no-op learning step."""
@@ -303,6 +304,7 @@ def setup_crossrl(
         optimizer=optimizer,
         seed=0,
         remote_num_cpus=1.0,
+        transport=transport,
     )
 
     def close() -> None:
@@ -315,10 +317,54 @@ def setup_crossrl(
 
     info = {
         "optimizer": optimizer,
+        "transport": transport,
         "fragment": fragment,
         "actor_blas": ray.get(evaluators.remotes[0].apply.remote(_blas)),
     }
     return Contestant(lambda: opt.step().env_steps_sampled, close, info, pids)
+
+
+# learner: PPO's learning step alone, for the end-to-end bench's limit
+
+
+def setup_learner(
+    *,
+    env_spec: EnvSpec,
+    workers: int,
+    envs_per_worker: int,
+    model: ModelSpec,
+    fragment: int,
+    hyperparams: dict[str, Any] | None = None,
+) -> Contestant:
+    """crossrl's PPO ``learn_on_batch`` alone (its epochs and minibatches, one torch thread as in a trial) on one
+    stored batch of ``fragment`` steps on each of ``workers x envs_per_worker`` envs, sampled once before the
+    clock; ``step()`` is one learning iteration and returns the batch's env steps (so steps/s is trained env
+    steps per second of learning). ``hyperparams``: the scenario's PPO settings over the catalog's."""
+    import torch
+
+    from crossrl.core.algorithms import load
+    from crossrl.core.evaluator import PolicyEvaluator
+    from crossrl.core.policy import PolicySpec
+
+    torch.set_num_threads(1)
+    alg = load("ppo")
+    hp = alg.hyperparams({**alg_defaults("ppo"), **(hyperparams or {})})
+    ev = PolicyEvaluator(
+        env_spec=env_spec,
+        num_envs=workers * envs_per_worker,
+        policy_factory=PolicySpec(policy_cls=alg.policy_cls, hyperparams=hp, model=model),
+        seed=0,
+        worker_index=0,
+    )
+    batch = ev.sample(fragment)
+    steps = batch.num_env_steps()
+
+    def step() -> int:
+        ev.learn_on_batch(batch)
+        return steps
+
+    return Contestant(step, lambda: None, {"train_batch": steps, "epochs": hp["epochs"], "minibatch": hp["minibatch"]},
+                      lambda: [getpid(None)])  # fmt: skip
 
 
 def _blas(_: Any) -> list[str]:
@@ -339,6 +385,7 @@ def _setups() -> dict[str, Callable[..., Contestant]]:
         "raw": setup_raw,
         "limit": setup_limit,
         "crossrl": setup_crossrl,
+        "learner": setup_learner,
         "rllib": setup_rllib,
         "torchrl": setup_torchrl,
     }
@@ -359,6 +406,9 @@ def set_up(request: dict[str, Any]) -> Contestant:
     }
     if engine == "crossrl":
         kwargs["optimizer"] = request.get("optimizer") or "sync_samples"
+        kwargs["transport"] = request.get("transport") or DEFAULT_TRANSPORT
+    if engine == "learner":
+        kwargs["hyperparams"] = request.get("hyperparams") or {}
     return setups[engine](**kwargs)
 
 

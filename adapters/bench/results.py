@@ -340,6 +340,14 @@ class E2ERow:
     wall_s: list[float | None]
     steps: list[float | None]
     statuses: list[str]
+    # per seed: seconds the raw env alone plus the learner alone need for its env steps to the target
+    limit_s: list[float | None] = field(default_factory=list)
+
+    @property
+    def to_limit(self) -> float | None:
+        """Median over seeds of wall seconds / limit seconds (None without a limit or a seed that reached)."""
+        got = [w / x for w, x in zip(self.wall_s, self.limit_s, strict=False) if w is not None and x]
+        return float(statistics.median(got)) if got else None
 
     @property
     def reached(self) -> int:
@@ -358,6 +366,7 @@ class E2ETable:
     target: float | None
     rows: list[E2ERow]
     parent_run_id: str = ""
+    parts: dict[str, float] = field(default_factory=dict)  # the limit's parts (commands.e2e_parts), same run
 
     def ratio(self, engine: str = "crossrl", reference: str = "rllib") -> float | None:
         """Median wall seconds to target of ``engine`` / ``reference`` (target: <= 0.5 for crossrl/rllib)."""
@@ -370,7 +379,11 @@ class E2ETable:
             "target": self.target,
             "parent_run_id": self.parent_run_id,
             "ratio_crossrl_to_rllib": self.ratio(),
-            "rows": [{**asdict(r), "reached": r.reached, "median_wall_s": r.median_wall_s} for r in self.rows],
+            "parts": self.parts,
+            "rows": [
+                {**asdict(r), "reached": r.reached, "median_wall_s": r.median_wall_s, "to_limit": r.to_limit}
+                for r in self.rows
+            ],
         }
 
     def to_json(self, path: Path) -> Path:
@@ -379,6 +392,8 @@ class E2ETable:
     def metrics(self) -> dict[str, float]:
         out = {f"{r.engine}.seeds_reaching": float(r.reached) for r in self.rows}
         out.update({f"{r.engine}.median_wall_s": r.median_wall_s for r in self.rows if r.median_wall_s is not None})
+        out.update({f"{r.engine}.to_limit": r.to_limit for r in self.rows if r.to_limit is not None})
+        out.update({f"limit.{k}": v for k, v in self.parts.items()})
         ratio = self.ratio()
         if ratio is not None:
             out["ratio_crossrl_to_rllib"] = ratio
@@ -390,19 +405,32 @@ def print_e2e_table(table: E2ETable, *, console: Any = None) -> None:
     from rich.table import Table
 
     t = Table(title=f"bench e2e: {table.scenario}, wall seconds to return {table.target:g}")
-    for col in ("engine", "seeds reaching", "median wall s", "per seed wall s", "per seed env steps"):
+    cols = ["engine", "seeds reaching", "median wall s", "per seed wall s", "per seed env steps"]
+    if table.parts:
+        cols += ["per seed limit s", "x limit"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "engine" else "right")
     for r in table.rows:
-        t.add_row(
+        cells = [
             r.engine,
             f"{r.reached}/{len(r.wall_s)}",
             _fmt(r.median_wall_s, ".1f"),
             ", ".join(_fmt(w, ".1f") for w in r.wall_s),
             ", ".join(_fmt(s, ".0f") for s in r.steps),
-        )
+        ]
+        if table.parts:
+            cells += [", ".join(_fmt(x, ".1f") for x in r.limit_s), _fmt(r.to_limit, ".2f")]
+        t.add_row(*cells)
     con = console or Console()
     con.print(t)
     con.print(f"crossrl / rllib median wall seconds to target: {_fmt(table.ratio(), '.2f')} (target <= 0.5)")
+    if table.parts:
+        p = table.parts
+        con.print(
+            f"limit = env steps / raw env alone ({p['raw_env_steps_per_s']:,.0f} steps/s) + env steps / crossrl's "
+            f"learner alone ({p['learner_s_per_iteration']:.3f} s per {p['train_batch']:.0f}-step iteration); "
+            "x limit: median over seeds of wall / limit (crossrl target <= 1.25)"
+        )
 
 
 @dataclass

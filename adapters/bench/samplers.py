@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from crossrl.scenarios import catalog
-from crossrl.scenarios.spec import EnvSpec, ModelSpec
+from crossrl.scenarios.spec import DEFAULT_TRANSPORT, EnvSpec, ModelSpec
 
 DEFAULT_MODEL = ModelSpec(hidden=(64, 64), activation="tanh")
 DEFAULT_FRAGMENT = 128  # env steps per env per iteration: 1024 per worker at 8 envs
@@ -55,10 +55,13 @@ class SamplerResult:
     peak_rss_mb: list[float] | None = None  # per env-stepping process (MiB), when asked for
     cpu: dict[str, float] | None = None  # CPUs in use while timed: machine_busy_cpus, workers_cpus, driver_cpus
     fragment: int | None = None  # env steps per env per iteration it was timed with
+    transport: str | None = None  # crossrl only: how its fragments travelled (crossrl.core.transport)
 
     @property
     def label(self) -> str:
-        return self.engine if self.optimizer is None else f"{self.engine}/{self.optimizer}"
+        """``engine[/optimizer]``, with ``+<transport>`` when crossrl ran on a transport other than the default."""
+        base = self.engine if self.optimizer is None else f"{self.engine}/{self.optimizer}"
+        return base if self.transport in (None, DEFAULT_TRANSPORT) else f"{base}+{self.transport}"
 
 
 class BenchError(RuntimeError):
@@ -79,8 +82,11 @@ def measure(
     optimizer: str | None = None,
     profile_path: Path | None = None,
     rss: bool = False,
+    transport: str | None = None,
+    hyperparams: dict[str, Any] | None = None,
 ) -> SamplerResult:
-    """Time ``engine`` ("raw", "limit", "crossrl", "rllib", "torchrl") in a fresh process.
+    """Time ``engine`` ("raw", "limit", "crossrl", "rllib", "torchrl", or "learner": PPO's learning step alone on a
+    stored batch, with ``hyperparams``) in a fresh process.
 
     After set-up and ``warmup_s`` seconds of iterations, ``windows`` windows of ``seconds`` each are
     timed (each ends on an iteration boundary). ``profile_path``: also write a cProfile dump of the
@@ -103,6 +109,8 @@ def measure(
         "windows": windows,
         "fragment": fragment,
         "optimizer": optimizer,
+        "transport": transport,
+        "hyperparams": hyperparams,
         "profile": str(profile_path) if profile_path else None,
         "rss": rss,
     }
@@ -118,6 +126,7 @@ def measure(
         peak_rss_mb=result.get("peak_rss_mb"),
         cpu=result.get("cpu"),
         fragment=fragment,
+        transport=(transport or DEFAULT_TRANSPORT) if engine == "crossrl" else None,
     )
 
 

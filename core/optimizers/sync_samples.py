@@ -33,6 +33,9 @@ class SyncSamplesOptimizer(PolicyOptimizer):
             batches = self.evaluators.sample(num_steps=self.fragment)
         for b in batches:
             stats.add_episodes(b)
+        lags = [self.evaluators.weights_version - b.weights_version for b in batches if b.weights_version is not None]
+        if lags:  # 0 on every transport: each fragment is sampled with the weights sent for it
+            stats.values[M.DIAG_POLICY_LAG] = float(sum(lags) / len(lags))
         if batches:
             batch = concat(batches)
             with self.timer(M.TIME_LEARN_S):

@@ -234,6 +234,24 @@ def test_e2e_table_from_runner_results() -> None:
     assert crossrl.wall_s == [40.0, 60.0] and crossrl.median_wall_s == 50.0
     assert rllib.reached == 1 and rllib.median_wall_s == 200.0
     assert table.ratio() == pytest.approx(0.25) and table.parent_run_id == "p1"
+    assert crossrl.limit_s == [] and crossrl.to_limit is None  # no parts timed: no limit
+
+    # With the parts: 5e4 env steps need 5e4 / 1e5 s of raw env and 5e4 / 1e4 s of learning = 5.5 s.
+    parts = {"raw_env_steps_per_s": 1e5, "learner_env_steps_per_s": 1e4, "learner_s_per_iteration": 0.4,
+             "train_batch": 4000.0}  # fmt: skip
+    table = e2e_table(spec, RunOutcome(parent_id="p1", experiment_id="e1", results=results), parts)
+    crossrl, rllib = table.rows
+    assert crossrl.limit_s == [pytest.approx(5.5)] * 2
+    assert crossrl.to_limit == pytest.approx(50.0 / 5.5)  # median of 40 / 5.5 and 60 / 5.5
+    assert rllib.to_limit == pytest.approx(200.0 / 5.5)  # the seed that never reached counts for nothing
+    assert table.metrics()["crossrl.to_limit"] == pytest.approx(50.0 / 5.5)
+    assert table.metrics()["limit.raw_env_steps_per_s"] == 1e5
+    from rich.console import Console
+
+    con = Console(record=True, width=250)
+    print_e2e_table(table, console=con)
+    text = con.export_text()
+    assert "x limit" in text and "9.09" in text and "100,000 steps/s" in text
 
 
 def test_auto_fragment_is_what_ppo_samples_with() -> None:

@@ -46,8 +46,21 @@ def test_crossrl_sampler_and_rss() -> None:
 
 
 @pytest.mark.integration
-def test_crossrl_async_sampler() -> None:
-    _check("crossrl", optimizer="async_samples")
+@pytest.mark.parametrize("transport", ["calls", "stream"])
+def test_crossrl_async_sampler(transport: str) -> None:
+    res = measure("crossrl", env_spec=CARTPOLE, workers=2, envs_per_worker=2, seconds=1.0, warmup_s=0.2,
+                  optimizer="async_samples", transport=transport)  # fmt: skip
+    assert res.steps_per_s[0] > 0 and res.info["transport"] == transport
+    assert res.label == ("crossrl/async_samples+calls" if transport == "calls" else "crossrl/async_samples")
+
+
+def test_the_learner_alone_learns_on_one_stored_batch_per_step() -> None:
+    """The end-to-end bench's learner part: the scenario's epochs and minibatches on one batch of valid steps."""
+    res = measure("learner", env_spec=CARTPOLE, workers=1, envs_per_worker=2, seconds=1.0, warmup_s=0.2,
+                  fragment=100, hyperparams={"epochs": 2, "minibatch": 50})  # fmt: skip
+    assert res.steps_per_s[0] > 0
+    assert res.info["epochs"] == 2 and res.info["minibatch"] == 50
+    assert 100 < res.info["train_batch"] <= 200  # 2 envs x 100 steps, autoreset rows not counted
 
 
 @pytest.mark.integration

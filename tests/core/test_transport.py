@@ -145,3 +145,21 @@ def test_a_streaming_evaluator_that_dies_is_reported_once_and_its_replacement_st
         assert ev.worker_restarts == 1
     finally:
         ev.stop()
+
+
+def test_a_failing_fragment_reaches_the_driver_as_the_error_and_its_traceback() -> None:
+    driver, evaluator = Pipe()
+
+    def sample(grant: tx.Grant | None, num_steps: int) -> None:
+        raise RuntimeError("the simulator crashed")
+
+    loop = threading.Thread(target=tx.serve_fragments, args=(evaluator, sample, threading.Event()),
+                            kwargs={"worker_index": 3})  # fmt: skip
+    loop.start()
+    driver.send(tx.Grant(4))
+    failure = tx.recv_object(driver)
+    loop.join(timeout=5)
+    assert not loop.is_alive()  # the loop ends after reporting
+    assert isinstance(failure, tx.RemoteFailure) and failure.worker_index == 3
+    assert failure.error == "RuntimeError: the simulator crashed"
+    assert "raise RuntimeError" in failure.traceback

@@ -24,7 +24,10 @@ def make_trial(
             "algorithm": {"name": algorithm, "hyperparams": hp, "model": {"hidden": [32, 32]}},
             "engines": ["crossrl"],
             "execution": {
-                "workers": 2, "envs_per_worker": envs_per_worker, "optimizer": optimizer, "transport": transport,
+                "workers": 2,
+                "envs_per_worker": envs_per_worker,
+                "optimizer": optimizer,
+                "transport": transport,
             },  # fmt: skip
             "budget": {"env_steps": env_steps},
         }
