@@ -888,6 +888,30 @@ def bench_scaling_cmd(
                 results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
 
 
+@bench_app.command("transport")
+def bench_transport_cmd(
+    env: Annotated[str, typer.Option("--env", help="gymnasium env id")] = "CartPole-v1",
+    fragment: Annotated[int, typer.Option("--fragment", min=1, help="env steps per env per fragment")] = 64,
+    envs: Annotated[int, typer.Option("--envs", min=1, help="envs in the evaluator")] = 1,
+    fragments: Annotated[int, typer.Option("--fragments", min=1, help="fragments per transport per round")] = 300,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, help="interleaved rounds")] = 3,
+    transports: Transports = "calls,stream",
+    json_out: JsonOut = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    no_store: NoStore = False,
+) -> None:
+    """What carrying one fragment (and new weights) costs on each sample transport, with sampling taken out: CPU of
+    the evaluator and the driver, and wall time, per fragment, interleaved rounds."""
+    from crossrl.adapters.bench.transport import bench_transport, print_transport_table
+
+    console = _console()
+    table = bench_transport(env_id=env, fragment=fragment, envs=envs, fragments=fragments, repeat=repeat,
+                            transports=_transports(transports), progress=console.print)  # fmt: skip
+    _emit_bench("transport", table, print_transport_table, json_out=json_out, tracking_uri=tracking_uri,
+                results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
+
+
 @bench_app.command("e2e")
 def bench_e2e_cmd(
     engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib,torchrl",

@@ -71,3 +71,20 @@ def test_bench_scaling_sweeps_fragments_in_one_run(tmp_path: Path) -> None:
             rows[2, f]["steps_per_s"]["median"] / rows[1, f]["steps_per_s"]["median"]
         )
     assert "fragment 32" in proc.stdout  # the progress lines say which fragment each measurement had
+
+
+@pytest.mark.integration
+def test_bench_transport_times_each_transport_per_fragment(tmp_path: Path) -> None:
+    """Both transports carry real fragments with new weights; the figures are per fragment and positive."""
+    out = tmp_path / "t.json"
+    base = [sys.executable, "-m", "crossrl.cli", "bench", "transport", "--no-store"]
+    proc = subprocess.run([*base, "--fragments", "5", "--repeat", "2", "--json", str(out)], capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert [r["transport"] for r in doc["rows"]] == ["calls", "stream"]
+    for r in doc["rows"]:
+        assert len(r["actor_cpu_us"]) == len(r["wall_us"]) == 2 and r["wall_us_median"] > 0
+    assert doc["batch_kib"] > 0 and doc["weights_kib"] > 0 and doc["fragment"] == 64
+    bad = subprocess.run([*base, "--transports", "pigeon"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "known: calls, stream" in bad.stderr + bad.stdout
