@@ -117,3 +117,19 @@ def test_algorithm_under_optimizer_reports_common_metrics(
     assert points[-1][M.ENV_STEPS_TRAINED] > 0
     config = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
     assert config["optimizer"] == (optimizer or {"a3c": "async_gradients", "impala": "async_samples"}[algorithm])
+
+
+@pytest.mark.parametrize(("algorithm", "hp"), [("ppo", {"train_batch": 800, "minibatch": 200, "epochs": 2}),
+                                               ("a2c", {"train_batch": 400})])  # fmt: skip
+def test_a_synchronous_run_learns_the_same_on_either_transport(algorithm: str, hp: dict[str, Any]) -> None:
+    """The transport changes how fragments travel, not what is sampled or learned: the same seed gives the same
+    episodes and the same losses at every point on both."""
+    runs = {}
+    for transport in ("calls", "stream"):
+        sink = run(make_trial(algorithm, env_steps=4000, transport=transport, **hp))
+        runs[transport] = [
+            {k: p.get(k) for k in (M.ENV_STEPS_SAMPLED, M.EPISODE_RETURN_MEAN, M.EPISODES_TOTAL, M.POLICY_LOSS)}
+            for p in sink.points
+        ]
+    assert len(runs["stream"]) >= 4
+    assert runs["stream"] == runs["calls"]
