@@ -14,10 +14,10 @@ Measured per 48 KB fragment on one node, CPU of the actor / driver (``crossrl be
 with the weights ~325 / 400 us, a Ray streaming generator's item ~75 / 100 us, this socket 25 / 25 us
 (docs/performance.md, "The sample transport").
 
-A batch crosses the socket as a pickle (protocol 5) whose numpy buffers travel out of band: a header with the
-sizes, then the pickle and the buffers (joined into one message when small; one message each when large, so
-a pixel batch is never copied into one big bytes object). The receiver reads them into one ``bytearray`` and
-unpickles onto it: the columns it gets are writable and copied once, by the kernel.
+A batch crosses the socket as a pickle (protocol 5) whose numpy buffers travel out of band: a header message with
+the sizes, then the pickle and the buffers written straight from the arrays with ``writev`` (never joined into
+one bytes object). The receiver reads them with ``readv`` into one ``bytearray`` and unpickles onto it: the
+columns it gets are writable, and each byte is copied once on each side, by the kernel.
 """
 
 from __future__ import annotations
@@ -47,9 +47,7 @@ __all__ = [
     "connect", "serve_fragments",
 ]  # fmt: skip
 
-# Buffers up to this size in all are joined into one message (one copy, one syscall); bigger ones go one
-# message each (no copy on the sender).
-JOIN_BYTES: Final = 1 << 20
+IOV_MAX: Final = 512  # buffers per writev call (Linux allows 1024)
 CONNECT_TIMEOUT_S: Final = 120.0
 
 
@@ -85,15 +83,10 @@ def send_object(conn: Connection, obj: Any) -> None:
     """Send ``obj`` as a pickle with its buffers out of band (see the module docstring)."""
     buffers: list[pickle.PickleBuffer] = []
     head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
-    sizes = [len(head), *(r.nbytes for r in raws)]
+    parts = [memoryview(head), *(b.raw() for b in buffers)]
+    sizes = [p.nbytes for p in parts]
     conn.send_bytes(struct.pack(f"<I{len(sizes)}Q", len(sizes), *sizes))
-    if sum(sizes) <= JOIN_BYTES:
-        conn.send_bytes(b"".join([head, *raws]))
-    else:
-        conn.send_bytes(head)
-        for r in raws:
-            conn.send_bytes(r)
+    _write_all(conn.fileno(), parts)
 
 
 def recv_object(conn: Connection) -> Any:
@@ -101,17 +94,36 @@ def recv_object(conn: Connection) -> Any:
     header = conn.recv_bytes()
     (n,) = struct.unpack_from("<I", header)
     sizes = struct.unpack_from(f"<{n}Q", header, 4)
-    total = sum(sizes)
-    buf = bytearray(total)
+    buf = bytearray(sum(sizes))
     view = memoryview(buf)
-    got = 0
-    while got < total:
-        got += conn.recv_bytes_into(view[got:])
+    _read_into(conn.fileno(), view)
     parts, start = [], 0
-    for s in sizes:
-        parts.append(view[start : start + s])
-        start += s
+    for size in sizes:
+        parts.append(view[start : start + size])
+        start += size
     return pickle.loads(parts[0], buffers=parts[1:])
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """Every byte of ``parts`` to ``fd`` in as few ``writev`` calls as the socket takes (no joined copy)."""
+    views = [p for p in parts if p.nbytes]
+    while views:
+        n = os.writev(fd, views[:IOV_MAX])
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+def _read_into(fd: int, view: memoryview) -> None:
+    """Fill ``view`` from ``fd`` (the kernel copies straight into it); ``EOFError`` if the peer closes first."""
+    got = 0
+    while got < view.nbytes:
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            raise EOFError("the stream ended inside a message")
+        got += n
 
 
 # ---- driver side ---------------------------------------------------------------------------------------

@@ -103,12 +103,14 @@ def bench_transport(
     model: ModelSpec | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> TransportTable:
-    """Per-fragment CPU of the evaluator and the driver, and wall time, on each transport (see the module)."""
+    """Per-fragment CPU of the evaluator and the driver, and wall time, on each transport (see the module).
+    ``model``: the policy's network; None: the bench's default for the env (the suite's conv model on pixels)."""
     import psutil
     import ray
 
     from crossrl.adapters.bench.base import ray_up
     from crossrl.adapters.bench.contestants import alg_defaults, process_cpu_s
+    from crossrl.adapters.bench.samplers import default_model
     from crossrl.core.algorithms import load
     from crossrl.core.evaluator import EvaluatorSet
     from crossrl.core.policy import PolicySpec
@@ -118,12 +120,12 @@ def bench_transport(
                          f"repeat={repeat} must be >= 1")  # fmt: skip
     ray_up(len(transports))
     alg = load("ppo")
-    factory = PolicySpec(
-        policy_cls=alg.policy_cls, hyperparams=alg.hyperparams(alg_defaults("ppo")), model=model or ModelSpec()
-    )
+    env_spec = EnvSpec(id=env_id)
+    model = model or default_model(env_spec)
+    factory = PolicySpec(policy_cls=alg.policy_cls, hyperparams=alg.hyperparams(alg_defaults("ppo")), model=model)
     sets = {
         t: EvaluatorSet(
-            env_spec=EnvSpec(id=env_id),
+            env_spec=env_spec,
             num_envs=envs,
             policy_factory=factory,
             num_remote=1,
@@ -164,7 +166,8 @@ def bench_transport(
         ray.shutdown()
     return TransportTable(
         env_id=env_id, fragment=fragment, envs=envs, batch_kib=batch, weights_kib=weights, rows=list(rows.values()),
-        conditions={"fragments_per_round": fragments, "repeat": repeat, "machine_cores": os.cpu_count() or 1},
+        conditions={"fragments_per_round": fragments, "repeat": repeat, "machine_cores": os.cpu_count() or 1,
+                    "model": model.model_dump(mode="json")},
     )  # fmt: skip
 
 

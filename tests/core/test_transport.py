@@ -35,11 +35,10 @@ def batch_of(rows: int, width: int) -> SampleBatch:
     return batch
 
 
-@pytest.mark.parametrize("width", [4, 300_000])  # joined into one message / one message per buffer
+@pytest.mark.parametrize("width", [4, 300_000])  # 200 bytes / 12 MB: many partial writes and reads
 def test_a_batch_crosses_the_stream_whole_and_writable(width: int) -> None:
     a, b = Pipe()
     sent = batch_of(5, width)
-    assert (sum(v.nbytes for v in sent.values()) > tx.JOIN_BYTES) == (width > 4)
     sender = threading.Thread(target=tx.send_object, args=(a, sent))
     sender.start()
     got = tx.recv_object(b)
