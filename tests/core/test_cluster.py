@@ -39,6 +39,7 @@ def test_small_weights_ride_in_the_sample_call_big_ones_go_through_one_put(
         ),
         num_remote=2,
         seed=0,
+        transport="calls",  # on the stream, weights always travel as packed bytes in the grant
     )
     try:
         sent = evs.broadcast_weights(with_next_sample=True)
