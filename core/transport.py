@@ -291,12 +291,28 @@ def serve_fragments(
     fragment, send it. ``sample(newest_grant_or_None, num_steps)`` applies a grant's weights and epsilon (when
     it carries them) and returns the batch. Ends when the driver sends ``None`` or goes away, or after sending a
     :class:`RemoteFailure` when ``sample`` raised."""
+    # Grants are read by a thread of their own, so that the driver's send of a grant (big weights) never waits
+    # on this loop while this loop waits on the driver to read a big batch: each side only ever blocks on a
+    # reader that is running.
+    grants: queue.Queue[Grant | None] = queue.Queue()
+
+    def read_grants() -> None:
+        try:
+            while True:
+                msg = conn.recv()
+                grants.put(msg)
+                if msg is None:
+                    return
+        except (OSError, EOFError):
+            grants.put(None)  # the driver closed the connection
+
+    threading.Thread(target=read_grants, name="crossrl-stream-grants", daemon=True).start()
     credits, num_steps = 0, 0
     try:
         while not stopped.is_set():
             newest: Grant | None = None
-            while credits == 0 or conn.poll():
-                msg = conn.recv()
+            while credits == 0 or not grants.empty():
+                msg = grants.get()
                 if msg is None:
                     return
                 credits += msg.credits

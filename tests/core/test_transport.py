@@ -162,3 +162,28 @@ def test_a_failing_fragment_reaches_the_driver_as_the_error_and_its_traceback() 
     assert isinstance(failure, tx.RemoteFailure) and failure.worker_index == 3
     assert failure.error == "RuntimeError: the simulator crashed"
     assert "raise RuntimeError" in failure.traceback
+
+
+def test_a_big_grant_and_a_big_batch_crossing_at_once_do_not_deadlock() -> None:
+    """The driver sends new weights (megabytes) while the evaluator sends a batch bigger than the socket's buffer:
+    both complete (the evaluator reads grants on a thread of its own)."""
+    driver, evaluator = Pipe()
+    big = batch_of(4, 400_000)  # ~13 MB
+
+    def sample(grant: tx.Grant | None, num_steps: int) -> SampleBatch:
+        return big
+
+    loop = threading.Thread(target=tx.serve_fragments, args=(evaluator, sample, threading.Event()), daemon=True)
+    loop.start()
+    driver.send(tx.Grant(4, credits=2))
+    time.sleep(0.5)  # the evaluator is now blocked writing its first batch
+    sender = threading.Thread(target=driver.send, args=(tx.Grant(4, credits=1, version=1, weights=bytes(8 << 20)),))
+    sender.start()
+    sender.join(timeout=20)
+    assert not sender.is_alive(), "the driver's grant never went through"
+    for _ in range(3):
+        got = tx.recv_object(driver)
+        np.testing.assert_array_equal(got[sb.OBS], big[sb.OBS])
+    driver.send(None)
+    loop.join(timeout=5)
+    assert not loop.is_alive()
