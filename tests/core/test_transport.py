@@ -62,10 +62,12 @@ def test_the_stream_samples_on_credits_and_takes_the_newest_weights_between_frag
 
     stopped = threading.Event()
     loop = threading.Thread(target=tx.serve_fragments, args=(evaluator, sample, stopped))
-    # Three grants wait before the loop starts: it takes all of them, with the newest weights and epsilon.
-    driver.send(tx.Grant(8, credits=1, version=1, weights=b"w1"))
-    driver.send(tx.Grant(8, credits=1, version=2, weights=b"w2"))
-    driver.send(tx.Grant(8, credits=1, epsilon=0.5))
+    # Grants without credits only update what the next fragment uses; the loop samples once it has credits, with
+    # the newest weights and epsilon of everything it took.
+    driver.send(tx.Grant(8, credits=0, version=1, weights=b"w1"))
+    driver.send(tx.Grant(8, credits=0, version=2, weights=b"w2"))
+    driver.send(tx.Grant(8, credits=0, epsilon=0.5))
+    driver.send(tx.Grant(8, credits=3))
     loop.start()
     assert [tx.recv_object(driver)["n"] for _ in range(3)] == [1, 2, 3]
     assert calls == [(2, 0.5, 8), (None, None, 8), (None, None, 8)]
