@@ -22,6 +22,8 @@ from crossrl.adapters.bench.results import (
     E2ETable,
     Overhead,
     SpeedTable,
+    SweepRow,
+    SweepTable,
     add_scaling,
     speed_rows,
 )
@@ -250,6 +252,47 @@ def bench_e2e(
                                command=f"crossrl bench e2e {scenario}")  # fmt: skip
     parts = e2e_parts(spec, progress=progress) if limit else None
     return e2e_table(spec, outcome, parts)
+
+
+def bench_sweep(
+    *,
+    ray_address: str,
+    scenario: str = "smoke",
+    parallel: int = 2,
+    overrides: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> SweepTable:
+    """The scenario's sweep on the cluster at ``ray_address`` twice, both timed: ``parallel`` trials at once
+    first, then one trial at a time (so whatever the first sweep warms, such as Ray's idle workers, helps
+    the sequential one). Each into a throw-away store of its own."""
+    from crossrl.adapters.runner import run_scenario
+    from crossrl.reports.store import ResultsStore
+    from crossrl.scenarios.loader import load
+
+    spec, path = load(scenario, overrides=overrides or {})
+    rows = []
+    for at_once in (parallel, 1):
+        with tempfile.TemporaryDirectory(prefix="crossrl-bench-sweep-") as tmp:
+
+            def notify(event: str, payload: dict[str, Any], at_once: int = at_once) -> None:
+                if event == "trial_end":
+                    r = payload["result"]
+                    _say(progress, f"--parallel {at_once}: {r.trial.name} {r.status} ({r.wall_s:.1f} s)")
+
+            t0 = time.perf_counter()
+            outcome = run_scenario(
+                spec,
+                store=ResultsStore(results_dir=Path(tmp)),
+                spec_path=path,
+                ray_address=ray_address,
+                progress=notify,
+                command=f"crossrl bench sweep {scenario} --parallel {at_once}",
+                parallel=at_once,
+            )
+            wall = time.perf_counter() - t0
+        finished = sum(r.status == M.FINISHED for r in outcome.results)
+        rows.append(SweepRow(at_once, len(outcome.results), finished, wall, outcome.parent_id))
+    return SweepTable(scenario=spec.name, ray_address=ray_address, rows=rows)
 
 
 def e2e_parts(spec: Any, *, seconds: float = 5.0, progress: Progress | None = None) -> dict[str, float]:
