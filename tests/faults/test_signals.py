@@ -90,8 +90,10 @@ def test_signal_stops_a_run_like_ctrl_c(signum: int, fault_engine: Path, tmp_pat
             assert time.time() < deadline and proc.poll() is None, "the slow trial never started"
             time.sleep(0.2)
         store = ResultsStore(None, results_dir=results)
-        slow = _trial_run(store, 4)
-        assert slow is not None
+        # the trial's process can start before its run is searchable in the store: wait for both
+        while (slow := _trial_run(store, 4)) is None:
+            assert time.time() < deadline and proc.poll() is None, "the slow trial's run never reached the store"
+            time.sleep(0.2)
         while not store.client.get_metric_history(slow.info.run_id, "env_steps_sampled"):  # type: ignore[attr-defined]
             assert time.time() < deadline and proc.poll() is None, "the slow trial stored no point"
             time.sleep(0.5)
