@@ -233,11 +233,12 @@ class SpeedTable:
 
     def metrics(self) -> dict[str, float]:
         """Flat figures for the store, e.g. ``crossrl.w2.steps_per_s`` (median) and ``crossrl.w2.ratio_to_raw``;
-        in a fragment sweep ``crossrl.f128.w2.steps_per_s``."""
+        in a fragment sweep ``crossrl.f128.w2.steps_per_s``; a calls-transport row ``crossrl/sync_samples:calls.w2...``."""
         out: dict[str, float] = {}
         sweep = self.fragment_sweep
         for r in self.rows:
-            key = f"{r.engine}.f{r.fragment}.w{r.workers}" if sweep else f"{r.engine}.w{r.workers}"
+            engine = r.engine.replace("+", ":")  # MLflow refuses "+" in a name: crossrl/sync_samples:calls.w16...
+            key = f"{engine}.f{r.fragment}.w{r.workers}" if sweep else f"{engine}.w{r.workers}"
             figures = {
                 "steps_per_s": r.median,
                 "steps_per_s_min": r.min,

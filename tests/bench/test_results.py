@@ -258,3 +258,19 @@ def test_auto_fragment_is_what_ppo_samples_with() -> None:
     from crossrl.adapters.bench.commands import auto_fragment
 
     assert auto_fragment(1, 8) == 500 and auto_fragment(2, 8) == 250 and auto_fragment(3, 8) == 167
+
+
+def test_every_metric_name_is_one_mlflow_accepts() -> None:
+    from mlflow.utils.validation import _validate_metric_name  # the store's own check (it refused "+" once)
+
+    results = []
+    for transport in ("calls", "stream"):
+        for w, x in ((1, 400.0), (16, 6000.0)):
+            results.append(_r("crossrl", w, x, optimizer="sync_samples"))
+            results[-1].transport = transport
+    rows = speed_rows(results, crossrl_label="crossrl/sync_samples")
+    add_scaling(rows)
+    metrics = SpeedTable(kind="scaling", env_id="CartPole-v1", rows=rows).metrics()
+    assert "crossrl/sync_samples:calls.w16.efficiency" in metrics and "crossrl/sync_samples.w16.efficiency" in metrics
+    for name in metrics:
+        _validate_metric_name(name)
