@@ -32,9 +32,9 @@ def _run(cluster: Cluster, results: Path, *args: str) -> subprocess.CompletedPro
     )  # fmt: skip
 
 
-def _trials(results: Path) -> dict[str, object]:
+def _trials(results: Path, scenario: str = "smoke") -> dict[str, object]:
     store = ResultsStore(None, results_dir=results)
-    [parent] = store.parent_runs("smoke")
+    [parent] = store.parent_runs(scenario)
     return {str(r.info.run_name): r for r in store.children(parent)}
 
 
@@ -99,11 +99,27 @@ def test_a_trial_bigger_than_any_node_is_refused_before_anything_runs(ray_cluste
         assert ResultsStore(None, results_dir=tmp_path / "big2").experiment_id("smoke", create=False) is None
 
 
+# Three trials of 40 s of training each: the two running ones are stopped long before either can end, however
+# slowly the second one starts on a busy machine (an env-step budget let the first end first once, so that the
+# third had started when the stop came).
+TIMED = """name: smoke-timed
+env: {id: CartPole-v1}
+algorithm:
+  name: ppo
+  hyperparams: {train_batch: 512, minibatch: 128, epochs: 2}
+engines: [crossrl]
+execution: {workers: [1], envs_per_worker: 2}
+budget: {train_seconds: 40, wall_seconds: 300}
+seeds: [0, 1, 2]
+"""
+
+
 def test_sigterm_kills_every_running_trial_and_resume_runs_the_rest(ray_cluster: Cluster, tmp_path: Path) -> None:
     results = tmp_path / "stopped"
-    cmd = [sys.executable, "-m", "crossrl.cli", "run", "smoke", "--engines", "crossrl", "--workers", "1",
-           "--seeds", "0,1,2", "--steps", "150000", "--ray-address", ray_cluster.address, "--parallel", "2",
-           "--results-dir", str(results), "--no-report"]  # fmt: skip
+    scenario = tmp_path / "smoke-timed.yaml"
+    scenario.write_text(TIMED)
+    cmd = [sys.executable, "-m", "crossrl.cli", "run", str(scenario), "--ray-address", ray_cluster.address,
+           "--parallel", "2", "--results-dir", str(results), "--no-report"]  # fmt: skip
     run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ray_cluster.env)
     try:
         deadline = time.time() + 300
@@ -111,7 +127,7 @@ def test_sigterm_kills_every_running_trial_and_resume_runs_the_rest(ray_cluster:
             assert run.poll() is None and time.time() < deadline, run.communicate()
             time.sleep(2)
             try:
-                with_points = ResultsStore(None, results_dir=results).load(scenario="smoke").points
+                with_points = ResultsStore(None, results_dir=results).load(scenario="smoke-timed").points
             except StoreError:  # not created yet
                 continue
             if with_points.run_id.nunique() >= 2:
@@ -123,7 +139,7 @@ def test_sigterm_kills_every_running_trial_and_resume_runs_the_rest(ray_cluster:
             run.kill()
     assert run.returncode == 143, f"exit {run.returncode}\n{out[-3000:]}\n{err[-3000:]}"
     assert "Traceback" not in err
-    runs = _trials(results)
+    runs = _trials(results, "smoke-timed")
     assert len(runs) == 2  # the third never started: nothing recorded for it
     for name, r in runs.items():
         assert r.data.tags["status"] == "KILLED", name  # type: ignore[attr-defined]
@@ -135,7 +151,7 @@ def test_sigterm_kills_every_running_trial_and_resume_runs_the_rest(ray_cluster:
     resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, env=ray_cluster.env, timeout=900)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     store = ResultsStore(None, results_dir=results)
-    loaded = store.load(scenario="smoke")  # the resumed run: the newest attempt of each trial
+    loaded = store.load(scenario="smoke-timed")  # the resumed run: the newest attempt of each trial
     assert sorted(loaded.trials.trial) == ["crossrl-ppo-w1-s0", "crossrl-ppo-w1-s1", "crossrl-ppo-w1-s2"]
     assert set(loaded.trials.status) == {"FINISHED"}
 
