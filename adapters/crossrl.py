@@ -155,7 +155,7 @@ class CrossrlAdapter:
             if evaluators is not None:
                 evaluators.stop()
             if started_ray and trial.ray_address is None:
-                ray.shutdown()
+                cluster.disconnect()
 
 
 def greedy_act(policy: Policy) -> Callable[[Any], Any]:

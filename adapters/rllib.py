@@ -504,7 +504,7 @@ class RllibAdapter:
 
     def run(self, trial: Trial, sink: MetricSink) -> None:
         """Train ``trial`` on RLlib until ``sink.exhausted``, one point per ``algo.train()``."""
-        from crossrl.core.cluster import LOCAL_RAY_ENV, connect, free_cpus
+        from crossrl.core.cluster import LOCAL_RAY_ENV, connect, disconnect, free_cpus
 
         check_covered(trial)
         # Before `import ray`: Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER at import time, and only
@@ -560,4 +560,4 @@ class RllibAdapter:
             # Ray was started or joined here: shutdown stops a local cluster we started, or only
             # disconnects from a cluster we joined (which keeps running).
             if not was_initialized:
-                ray.shutdown()
+                disconnect()

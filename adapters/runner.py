@@ -28,7 +28,7 @@ from crossrl.adapters.procs import UsageMeter, kill_procs, process_tree
 from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.adapters.signals import Interrupted, deferred_signals, deliver, held_signals
 from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult, open_trial
-from crossrl.core.cluster import LOCAL_RAY_ENV
+from crossrl.core.cluster import LOCAL_RAY_ENV, disconnect
 from crossrl.reports.journal import JournalError
 from crossrl.reports.store import HEARTBEAT_S, ResultsStore, StoreError
 from crossrl.scenarios import metrics as M
@@ -281,9 +281,7 @@ def run_scenario(
         raise
     finally:
         if parallel > 1:
-            import ray
-
-            ray.shutdown()  # leaves the cluster (a local one started for the sweep stops)
+            disconnect()  # leaves the cluster (a local one started for the sweep stops)
     sender = store.sender
     try:
         outcome.unsent = store.end_journal(wait_s=store_wait_s)

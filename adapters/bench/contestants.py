@@ -289,6 +289,7 @@ def setup_crossrl(
     from crossrl.adapters.bench.nolearn import NoLearnPolicy
     from crossrl.adapters.crossrl import start_core
     from crossrl.core.algorithms import load
+    from crossrl.core.cluster import disconnect
 
     ray_up(workers)
     alg = load("ppo")
@@ -310,7 +311,7 @@ def setup_crossrl(
     def close() -> None:
         opt.stop()
         evaluators.stop()
-        ray.shutdown()
+        disconnect()
 
     def pids() -> list[int]:
         return [int(p) for p in ray.get([r.apply.remote(getpid) for r in evaluators.remotes])]

@@ -29,6 +29,7 @@ def setup_rllib(
     from ray.tune.registry import register_env
 
     from crossrl.adapters.rllib import env_creator, sampler_config
+    from crossrl.core.cluster import disconnect
 
     ray_up(workers)
     register_env(BENCH_ENV, env_creator)
@@ -56,7 +57,7 @@ def setup_rllib(
 
     def close() -> None:
         group.stop()
-        ray.shutdown()
+        disconnect()
 
     def pids() -> list[int]:
         return [int(p) for p in group.foreach_env_runner(getpid, local_env_runner=False)]

@@ -112,6 +112,7 @@ def bench_transport(
     from crossrl.adapters.bench.contestants import alg_defaults, process_cpu_s
     from crossrl.adapters.bench.samplers import default_model
     from crossrl.core.algorithms import load
+    from crossrl.core.cluster import disconnect
     from crossrl.core.evaluator import EvaluatorSet
     from crossrl.core.policy import PolicySpec
 
@@ -163,7 +164,7 @@ def bench_transport(
     finally:
         for s in sets.values():
             s.stop()
-        ray.shutdown()
+        disconnect()
     return TransportTable(
         env_id=env_id, fragment=fragment, envs=envs, batch_kib=batch, weights_kib=weights, rows=list(rows.values()),
         conditions={"fragments_per_round": fragments, "repeat": repeat, "machine_cores": os.cpu_count() or 1,

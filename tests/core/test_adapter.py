@@ -62,13 +62,25 @@ def test_a2c_two_remote_evaluators_reports_common_metrics() -> None:
     check_common_metrics(sink, min_points=4)
 
 
+def kill_and_wait(actor: Any) -> None:
+    """``ray.kill`` the actor and return once its process is gone: the kill itself returns at once, and on a busy
+    machine a run can end before a killed actor's process does (so that no restart was ever needed)."""
+    import os
+
+    import psutil
+
+    process = psutil.Process(ray.get(actor.apply.remote(lambda _evaluator: os.getpid())))
+    ray.kill(actor, no_restart=True)
+    process.wait(timeout=60)
+
+
 @pytest.mark.parametrize("transport", ["stream", "calls"])
 def test_killed_evaluator_is_restarted_and_the_run_finishes(transport: str) -> None:
     killed: list[int] = []
 
     def kill_one(iteration: int, evaluators: Any) -> None:
         if iteration == 1:
-            ray.kill(evaluators.remotes[0], no_restart=True)
+            kill_and_wait(evaluators.remotes[0])
             killed.append(iteration)
 
     trial = make_trial("ppo", env_steps=4000, train_batch=800, minibatch=400, epochs=1, transport=transport)
@@ -89,7 +101,7 @@ def test_killed_evaluator_under_async_sampling_is_restarted(transport: str) -> N
 
     def kill_one(iteration: int, evaluators: Any) -> None:
         if iteration == 1:
-            ray.kill(evaluators.remotes[1], no_restart=True)
+            kill_and_wait(evaluators.remotes[1])
 
     trial = make_trial("impala", env_steps=4000, train_batch=400, rollout_fragment=25, transport=transport)
     points = check_common_metrics(run(trial, CrossrlAdapter(on_iteration=kill_one)), min_points=3)

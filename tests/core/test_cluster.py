@@ -52,3 +52,56 @@ def test_small_weights_ride_in_the_sample_call_big_ones_go_through_one_put(
         assert versions == [evs.weights_version] * 2
     finally:
         evs.stop()
+
+
+def test_disconnect_frees_cycles_first_and_lets_no_thread_collect_while_ray_shuts_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ray ref held in a reference cycle (as an interrupted loop's traceback holds its frame's refs) is freed
+    before Ray shuts down, and no other thread's allocation can start a collection during the shutdown: freeing
+    a ref then calls into a stopped core worker, and Ray ends the process (exit 1)."""
+    import gc
+    import threading
+    import weakref
+
+    class Holder:
+        pass
+
+    held = Holder()
+    held.self, held.ref = held, ray.put(1)  # type: ignore[attr-defined]
+    alive = weakref.ref(held)
+    del held
+    seen: dict[str, object] = {}
+    churned = threading.Event()
+
+    def churn() -> None:  # allocates far past the collector's thresholds
+        for _ in range(200):
+            cycle = [Holder() for _ in range(100)]
+            for h in cycle:
+                h.self = h  # type: ignore[attr-defined]
+        churned.set()
+
+    def shutdown() -> None:
+        seen["cycle freed"] = alive() is None
+        seen["collecting"] = gc.isenabled()
+        started: list[str] = []
+
+        def note(phase: str, _info: dict[str, int]) -> None:
+            if phase == "start":
+                started.append(threading.current_thread().name)
+
+        gc.callbacks.append(note)
+        try:
+            thread = threading.Thread(target=churn, name="churn")
+            thread.start()
+            thread.join()
+        finally:
+            gc.callbacks.remove(note)
+        seen["collected meanwhile"] = "churn" in started
+
+    monkeypatch.setattr(ray, "shutdown", shutdown)
+    assert gc.isenabled()
+    cluster.disconnect()
+    assert churned.is_set()
+    assert seen == {"cycle freed": True, "collecting": False, "collected meanwhile": False}
+    assert gc.isenabled()  # back on afterwards
