@@ -436,8 +436,11 @@ def ab(
     workers: Annotated[str, typer.Option("--workers", help="worker counts, e.g. 1,2")] = "1",
     envs_per_worker: Annotated[int, typer.Option("--envs-per-worker")] = 8,
     seconds: Annotated[float, typer.Option("--seconds", help="seconds each side runs per pair")] = 2.0,
-    pairs_per_session: Annotated[
-        int, typer.Option("--pairs-per-session", help="pairs per pair of fresh measurement processes")
+    pairs_per_draw: Annotated[
+        int, typer.Option("--pairs-per-draw", help="pairs per draw of fresh env-stepping processes on both sides")
+    ] = 2,
+    draws_per_process: Annotated[
+        int, typer.Option("--draws-per-process", help="draws before both measurement processes are replaced")
     ] = 6,
     threshold: Annotated[
         float, typer.Option("--threshold", help="REGRESSION when the whole CI of head/base lies below this")
@@ -487,7 +490,8 @@ def ab(
                 workers=tuple(_csv_ints(workers, "--workers") or ()),
                 envs_per_worker=envs_per_worker,
                 seconds=seconds,
-                pairs_per_session=pairs_per_session,
+                pairs_per_draw=pairs_per_draw,
+                draws_per_process=draws_per_process,
                 threshold=threshold,
                 precision=precision,
                 min_pairs=min_pairs,

@@ -5,16 +5,17 @@ can. ``BASE`` is extracted from git into a temporary directory (``git archive``,
 repository is touched) and run from the same Python environment, which is allowed only when its pinned
 requirements (``requirements.txt``, ``constraints.txt``, ``pyproject.toml``'s dependencies) are those of
 the working tree. Per engine and worker count, each side runs in a measurement process of its own code
-(the sampling bench's contestants, :func:`~crossrl.adapters.bench.contestants.serve`), fresh for every
-session and warmed up; inside a session the gate alternates short slices of iterations between the two
-sides (A B B A ...), because this VM's CPU speed drifts within seconds and only sides measured in the
-same second see the same machine.
+(the sampling bench's contestants, :func:`~crossrl.adapters.bench.contestants.serve`) whose env-stepping
+processes are replaced, on both sides at once, for every *draw* (a fresh actor draws a speed offset of its
+own); inside a draw the gate alternates short slices of iterations between the two sides (A B B A ...),
+because this VM's CPU speed drifts within seconds and only sides measured in the same second see the
+same machine.
 
 What is compared is **env steps per CPU-second** of the measured processes (the driver and the processes
 that step the envs): what a code change costs per step, which other jobs on the machine dilute far less
 than wall time (docs/performance.md, "The A/B gate"). Wall-clock steps/s is measured and reported beside
 it. Each pair gives a head/base ratio; their IQM (in log terms, the report's own estimate) is the
-estimate and a two-level percentile bootstrap (sessions, then pairs;
+estimate and a two-level percentile bootstrap (draws, then pairs;
 :func:`crossrl.reports.stats.paired_ratio_ci`) its 95 % CI. Sessions are added until every CI is narrow
 enough (half-width at most ``precision``) or the time limit would be passed; the result says which.
 Verdict per (engine, workers): REGRESSION when the whole CI lies below ``threshold``, improved when it
@@ -177,9 +178,19 @@ class Server:
         self._cmd.flush()
         return self._reply(timeout_s)
 
-    def ready(self) -> float:
-        """Wait for set-up and warm-up; the seconds one iteration took."""
-        return float(self._reply(SETUP_TIMEOUT_S)["iteration_s"])
+    def ready(self) -> dict[str, Any]:
+        """Wait for set-up and warm-up: ``iteration_s`` (the seconds one iteration took) and ``can_redraw``."""
+        return self._reply(SETUP_TIMEOUT_S)
+
+    def ask_redraw(self) -> None:
+        """Ask for fresh env-stepping processes (only when :meth:`ready` said ``can_redraw``); answered by
+        :meth:`redrawn`, so that both sides' replacements start and warm up at once."""
+        self._cmd.write(json.dumps({"redraw": True}) + "\n")
+        self._cmd.flush()
+
+    def redrawn(self) -> float:
+        """Wait for the redraw asked for; the seconds it took, warm-up included."""
+        return float(self._reply(SETUP_TIMEOUT_S)["redraw_s"])
 
     def run(self, iterations: int) -> None:
         self._ask({"run": iterations}, SETUP_TIMEOUT_S)
@@ -215,7 +226,8 @@ class Pair:
     base: Measurement
     head: Measurement
     first: str  # "base" or "head": which was measured first
-    session: int  # the pair of measurement processes (base, head) that measured it
+    draw: int  # the draw of env-stepping processes (both sides' actors) that measured it: the bootstrap's group
+    process: int  # the pair of measurement processes (base, head) it ran in
 
     @property
     def ratio(self) -> float:
@@ -233,6 +245,8 @@ class Cell:
     engine: str
     workers: int
     pairs: list[Pair] = field(default_factory=list)
+    draws: int = 0  # draws of env-stepping processes so far
+    processes: int = 0  # pairs of measurement processes started so far
     ratio: PairedRatio | None = None
     wall_ratio: PairedRatio | None = None
     verdict: str = OK
@@ -242,11 +256,11 @@ class Cell:
         return f"{self.engine}/w{self.workers}"
 
     def paired(self, figure: str, rng: np.random.Generator) -> PairedRatio:
-        """Head/base of one :class:`Measurement` field over the pairs so far, CI resampling sessions then pairs."""
+        """Head/base of one :class:`Measurement` field over the pairs so far, CI resampling draws then pairs."""
         return paired_ratio_ci(
             [getattr(q.head, figure) for q in self.pairs],
             [getattr(q.base, figure) for q in self.pairs],
-            groups=[q.session for q in self.pairs],
+            groups=[q.draw for q in self.pairs],
             rng=rng,
         )
 
@@ -303,7 +317,7 @@ class ABResult:
             base = float(np.median([p.base.steps_per_cpu_s for p in c.pairs]))
             head = float(np.median([p.head.steps_per_cpu_s for p in c.pairs]))
             detail = (
-                f"{len(c.pairs)} pairs; wall steps/s ratio {w.ratio:.3f} [{w.lo:.3f}, {w.hi:.3f}]; "
+                f"{len(c.pairs)} pairs in {c.draws} draws; wall steps/s ratio {w.ratio:.3f} [{w.lo:.3f}, {w.hi:.3f}]; "
                 f"threshold {self.conditions['threshold']:g}"
             )
             change = f"{r.ratio:.3f} [{r.lo:.3f}, {r.hi:.3f}]"
@@ -327,6 +341,8 @@ class ABResult:
                     "verdict": c.verdict,
                     "ratio": asdict(c.ratio) if c.ratio else None,
                     "wall_ratio": asdict(c.wall_ratio) if c.wall_ratio else None,
+                    "draws": c.draws,
+                    "processes": c.processes,
                     "pairs": [asdict(p) for p in c.pairs],
                 }
                 for c in self.cells
@@ -359,7 +375,8 @@ def run_ab(
     seconds: float = 2.0,
     warmup_s: float = 3.0,
     slice_s: float = 0.1,
-    pairs_per_session: int = 6,
+    pairs_per_draw: int = 2,
+    draws_per_process: int = 6,
     threshold: float = 0.98,
     precision: float = 0.015,
     min_pairs: int = 24,
@@ -372,19 +389,26 @@ def run_ab(
 ) -> ABResult:
     """Measure ``base_rev`` against the running crossrl's work tree; see the module's docstring.
 
-    A session starts a fresh measurement process per side (``_child --serve``, both at once) and warms
-    each up for ``warmup_s``. A pair then alternates slices of about ``slice_s`` (the same number of
-    iterations on both sides) between them, A B B A A B ..., until each side has run about ``seconds``;
-    ``pairs_per_session`` pairs, then both processes end. Sessions repeat until the stop rule
-    (``precision``, ``min_pairs``, ``max_pairs``, ``max_seconds``: no session is started that would end
-    past it, judged by the slowest so far). The CI resamples sessions, then pairs inside them.
+    Each side has a measurement process (``_child --serve``) per engine and worker count. A *draw* gives
+    both sides fresh env-stepping processes (evaluator actors, env runners), warmed up for ``warmup_s``:
+    in the live measurement processes (``redraw``) or, every ``draws_per_process`` draws and whenever a
+    side cannot redraw (a base from before redraws, an engine without them), in a fresh pair of
+    measurement processes. A fresh actor draws a speed offset of its own, the largest noise the gate
+    sees, and a redraw costs a few seconds where fresh processes cost ~17 s (docs/performance.md). Each
+    draw measures ``pairs_per_draw`` pairs; a pair alternates slices of about ``slice_s`` (the same number
+    of iterations on both sides), A B B A A B ..., until each side has run about ``seconds``. Draws repeat
+    until the stop rule (``precision``, ``min_pairs``, ``max_pairs``, ``max_seconds``: no draw is started
+    that would end past it, judged by the slowest so far). The CI resamples draws, then pairs inside them.
     ``plant_slowdown`` (test-only, for the gate's power): the head's evaluators burn that fraction more CPU
     per sample call (``crossrl.core.evaluator``).
     """
     if not 0 < threshold < 1:
         raise ABError(f"--threshold {threshold:g} must lie between 0 and 1 (0.98: flag a 2 % slowdown)")
-    if min_pairs < 2 or max_pairs < min_pairs or pairs_per_session < 1:
-        raise ABError(f"--min-pairs {min_pairs} must be >= 2 and at most --max-pairs {max_pairs}")
+    if min_pairs < 2 or max_pairs < min_pairs or pairs_per_draw < 1 or draws_per_process < 1:
+        raise ABError(
+            f"--min-pairs {min_pairs} must be >= 2 and at most --max-pairs {max_pairs}; --pairs-per-draw "
+            f"{pairs_per_draw} and --draws-per-process {draws_per_process} at least 1"
+        )
     t_start = time.monotonic()
     repo = repo or repo_root()
     commit = resolve(repo, base_rev)
@@ -402,40 +426,71 @@ def run_ab(
     if plant_slowdown:
         envs["head"][PLANTED_SLOWDOWN_ENV] = repr(plant_slowdown)
 
-    def session(cell: Cell, index: int, base_path: Path, workdir: Path) -> None:
-        request = {
-            "engine": cell.engine, "env_spec": env_spec.model_dump(mode="json"), "workers": cell.workers,
+    request_of = {
+        c.key: {
+            "engine": c.engine, "env_spec": env_spec.model_dump(mode="json"), "workers": c.workers,
             "envs_per_worker": envs_per_worker, "model": model.model_dump(mode="json"),
-            "fragment": auto_fragment(cell.workers, envs_per_worker), "warmup_s": warmup_s,
-            "optimizer": "sync_samples" if cell.engine == "crossrl" else None, "pin": True,
-        }  # fmt: skip
-        env = {"base": {**envs["base"], "PYTHONPATH": str(base_path)}, "head": envs["head"]}
-        servers: dict[str, Server] = {}
-        try:
+            "fragment": auto_fragment(c.workers, envs_per_worker), "warmup_s": warmup_s,
+            "optimizer": "sync_samples" if c.engine == "crossrl" else None, "pin": True,
+        }
+        for c in cells
+    }  # fmt: skip
+    alive: dict[str, dict[str, Server]] = {}  # per cell: its two measurement processes, while they last
+    live: dict[str, dict[str, Any]] = {}  # per cell: iteration_s, can_redraw, draws so far in these processes
+
+    def close(key: str) -> None:
+        for srv in alive.pop(key, {}).values():
+            srv.close()
+
+    def new_draw(cell: Cell, base_path: Path, workdir: Path) -> str:
+        """Fresh env-stepping processes on both sides: redrawn in the live measurement processes when both can
+        and they have not had ``draws_per_process`` draws yet, else in a fresh pair of processes."""
+        state = live.get(cell.key)
+        if state is not None and state["can_redraw"] and state["draws"] < draws_per_process:
+            servers = alive[cell.key]
             for side in ("base", "head"):
-                servers[side] = Server(request, env=env[side], workdir=workdir, name=side)
-            iteration_s = statistics.fmean(servers[side].ready() for side in ("base", "head"))
-            k = max(1, round(slice_s / iteration_s))  # the same iterations per slice on both sides
-            rounds = max(1, round(seconds / (k * iteration_s)))
-            for _ in range(pairs_per_session):
-                order = ["base", "head"] if len(cell.pairs) % 2 == 0 else ["head", "base"]
-                first = order[0]
-                before = {side: servers[side].read() for side in order}
-                for _ in range(rounds):
-                    for side in order:
-                        servers[side].run(k)
-                    order.reverse()  # A B B A A B ...: neither side always follows the other
-                after = {side: servers[side].read() for side in order}
-                got = {side: measurement(before[side], after[side], side) for side in order}
-                cell.pairs.append(Pair(base=got["base"], head=got["head"], first=first, session=index))
-        finally:
-            for srv in servers.values():
-                srv.close()
+                servers[side].ask_redraw()
+            for side in ("base", "head"):
+                servers[side].redrawn()
+            state["draws"] += 1
+            return "redrawn"
+        close(cell.key)
+        env = {"base": {**envs["base"], "PYTHONPATH": str(base_path)}, "head": envs["head"]}
+        servers = alive[cell.key] = {}
+        for side in ("base", "head"):
+            servers[side] = Server(request_of[cell.key], env=env[side], workdir=workdir, name=side)
+        ready = {side: servers[side].ready() for side in ("base", "head")}
+        live[cell.key] = {
+            "iteration_s": statistics.fmean(float(r["iteration_s"]) for r in ready.values()),
+            "can_redraw": all(r.get("can_redraw") for r in ready.values()),  # a base from before redraws: no
+            "draws": 1,
+        }
+        cell.processes += 1
+        return "fresh processes"
+
+    def draw(cell: Cell, index: int, base_path: Path, workdir: Path) -> None:
+        how = new_draw(cell, base_path, workdir)
+        servers, iteration_s = alive[cell.key], live[cell.key]["iteration_s"]
+        k = max(1, round(slice_s / iteration_s))  # the same iterations per slice on both sides
+        rounds = max(1, round(seconds / (k * iteration_s)))
+        for _ in range(pairs_per_draw):
+            order = ["base", "head"] if len(cell.pairs) % 2 == 0 else ["head", "base"]
+            first = order[0]
+            before = {side: servers[side].read() for side in order}
+            for _ in range(rounds):
+                for side in order:
+                    servers[side].run(k)
+                order.reverse()  # A B B A A B ...: neither side always follows the other
+            after = {side: servers[side].read() for side in order}
+            got = {side: measurement(before[side], after[side], side) for side in order}
+            pair = Pair(base=got["base"], head=got["head"], first=first, draw=index, process=cell.processes - 1)
+            cell.pairs.append(pair)
+        cell.draws += 1
         cell.ratio, cell.wall_ratio = cell.paired("steps_per_cpu_s", rng), cell.paired("steps_per_s", rng)
         if progress:
-            last = cell.pairs[-pairs_per_session:]
+            last = cell.pairs[-pairs_per_draw:]
             progress(
-                f"session {index + 1} {cell.key}: pair ratios "
+                f"draw {index + 1} {cell.key} ({how}): pair ratios "
                 + " ".join(f"{q.ratio:.3f}" for q in last)
                 + f"; so far {cell.ratio.ratio:.3f} [{cell.ratio.lo:.3f}, {cell.ratio.hi:.3f}] over {len(cell.pairs)}"
             )
@@ -443,29 +498,34 @@ def run_ab(
     stop_reason = f"--max-pairs {max_pairs} reached"
     slowest = 0.0
     with checkout(repo, commit) as base_path, tempfile.TemporaryDirectory(prefix="crossrl-ab-") as tmp:
-        for i in range(-(-max_pairs // pairs_per_session)):
-            t_session = time.monotonic()
-            for cell in cells:
-                session(cell, i, base_path, Path(tmp))
-            slowest = max(slowest, time.monotonic() - t_session)
-            n = min(len(c.pairs) for c in cells)
-            if n >= min_pairs and all(c.half_width() <= precision for c in cells):
-                stop_reason = f"every CI within +-{precision:.1%} after {n} pairs"
-                break
-            if time.monotonic() - t_start + slowest > max_seconds:
-                widest = max(c.half_width() for c in cells)
-                stop_reason = (
-                    f"time limit {max_seconds:.0f} s: {n} pairs, the widest CI +-{widest:.1%} "
-                    f"(asked for +-{precision:.1%})"
-                )
-                break
+        try:
+            for i in range(-(-max_pairs // pairs_per_draw)):
+                t_draw = time.monotonic()
+                for cell in cells:
+                    draw(cell, i, base_path, Path(tmp))
+                slowest = max(slowest, time.monotonic() - t_draw)
+                n = min(len(c.pairs) for c in cells)
+                if n >= min_pairs and all(c.half_width() <= precision for c in cells):
+                    stop_reason = f"every CI within +-{precision:.1%} after {n} pairs"
+                    break
+                if time.monotonic() - t_start + slowest > max_seconds:
+                    widest = max(c.half_width() for c in cells)
+                    stop_reason = (
+                        f"time limit {max_seconds:.0f} s: {n} pairs, the widest CI +-{widest:.1%} "
+                        f"(asked for +-{precision:.1%})"
+                    )
+                    break
+        finally:
+            for key in list(alive):
+                close(key)
     for c in cells:
         assert c.ratio is not None
         c.verdict = verdict(c.ratio, threshold)
     conditions = {
         "engines": list(engines), "workers": list(workers), "envs_per_worker": envs_per_worker,
         "fragment": {f"w{w}": auto_fragment(w, envs_per_worker) for w in workers}, "seconds": seconds,
-        "warmup_s": warmup_s, "slice_s": slice_s, "pairs_per_session": pairs_per_session,
+        "warmup_s": warmup_s, "slice_s": slice_s, "pairs_per_draw": pairs_per_draw,
+        "draws_per_process": draws_per_process,
         "threshold": threshold, "precision": precision, "min_pairs": min_pairs, "max_pairs": max_pairs,
         "max_seconds": max_seconds, "model": model.model_dump(mode="json"), "metric": METRIC,
         "order": "alternating (base first in odd pairs, head first in even)", "machine_cores": os.cpu_count() or 1,

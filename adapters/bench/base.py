@@ -18,12 +18,18 @@ from crossrl.core import cluster
 
 @dataclass
 class Contestant:
-    """One engine's sampler, set up: ``step() -> env steps sampled``; ``close()`` releases it."""
+    """One engine's sampler, set up: ``step() -> env steps sampled``; ``close()`` releases it.
+
+    ``redraw()``, where an engine has it, replaces the processes that step the envs (the evaluator actors, the
+    env runners) with fresh ones and keeps this process and its Ray: a fresh actor draws a speed offset of its
+    own (docs/performance.md, "The A/B gate"), in a few seconds instead of a new measurement process's ~8.
+    """
 
     step: Callable[[], int]
     close: Callable[[], None]
     info: dict[str, Any] = field(default_factory=dict)
     worker_pids: Callable[[], list[int]] = list  # the processes that step the envs
+    redraw: Callable[[], None] | None = None
 
 
 def ray_up(workers: int) -> None:

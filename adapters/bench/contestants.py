@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -295,34 +296,45 @@ def setup_crossrl(
     alg = load("ppo")
     batch = fragment * workers * envs_per_worker
     hp = {**alg.hyperparams(alg_defaults("ppo")), "train_batch": batch, "rollout_fragment": fragment}
-    evaluators, opt = start_core(
-        env_spec=env_spec,
-        workers=workers,
-        envs_per_worker=envs_per_worker,
-        policy_cls=NoLearnPolicy,
-        hyperparams=hp,
-        model=model,
-        optimizer=optimizer,
-        seed=0,
-        remote_num_cpus=1.0,
-        transport=transport,
-    )
+
+    def start() -> tuple[Any, Any]:
+        return start_core(
+            env_spec=env_spec,
+            workers=workers,
+            envs_per_worker=envs_per_worker,
+            policy_cls=NoLearnPolicy,
+            hyperparams=hp,
+            model=model,
+            optimizer=optimizer,
+            seed=0,
+            remote_num_cpus=1.0,
+            transport=transport,
+        )
+
+    now: dict[str, Any] = dict(zip(("evaluators", "opt"), start(), strict=True))
+
+    def stop() -> None:
+        now["opt"].stop()
+        now["evaluators"].stop()
+
+    def redraw() -> None:  # fresh evaluator actors (same seeds), this driver and its Ray kept
+        stop()
+        now.update(zip(("evaluators", "opt"), start(), strict=True))
 
     def close() -> None:
-        opt.stop()
-        evaluators.stop()
+        stop()
         disconnect()
 
     def pids() -> list[int]:
-        return [int(p) for p in ray.get([r.apply.remote(getpid) for r in evaluators.remotes])]
+        return [int(p) for p in ray.get([r.apply.remote(getpid) for r in now["evaluators"].remotes])]
 
     info = {
         "optimizer": optimizer,
         "transport": transport,
         "fragment": fragment,
-        "actor_blas": ray.get(evaluators.remotes[0].apply.remote(_blas)),
+        "actor_blas": ray.get(now["evaluators"].remotes[0].apply.remote(_blas)),
     }
-    return Contestant(lambda: opt.step().env_steps_sampled, close, info, pids)
+    return Contestant(lambda: now["opt"].step().env_steps_sampled, close, info, pids, redraw)
 
 
 # learner: PPO's learning step alone, for the end-to-end bench's limit
@@ -506,14 +518,15 @@ class CpuMeter:
         return out
 
 
-def pin(procs: list[Any]) -> dict[int, int]:
+def pin(procs: list[Any], allowed: set[int] | None = None) -> dict[int, int]:
     """Pin every thread of the env-stepping processes and of the driver (last) to one CPU each: the driver to
     the first allowed CPU, worker ``i`` to the ``i + 1``-th (round robin). Two measurement processes pinned
-    alike run their slices on the same CPUs; this VM's vCPUs drift apart in speed (docs/performance.md)."""
+    alike run their slices on the same CPUs; this VM's vCPUs drift apart in speed (docs/performance.md).
+    ``allowed``: the CPUs to use (default: this thread's; once the driver is pinned that is one CPU only)."""
     import glob
     import os
 
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
     where = {}
     for i, proc in enumerate(procs):
         cpu = cpus[0] if i == len(procs) - 1 else cpus[(i + 1) % len(cpus)]
@@ -533,8 +546,12 @@ def serve(request: dict[str, Any], commands: Any, replies: Any) -> None:
     slices the contestant is idle: no iteration runs. ``commands`` (one JSON line each):
     ``{"run": K}`` runs K iterations and replies ``{"steps": n}``; ``{"read": true}`` replies the totals
     so far, ``{"steps", "active_s", "cpu_s"}`` (env steps, wall seconds spent in ``run``, CPU seconds of
-    the driver and the env-stepping processes since start-up, idle time included); EOF or ``{}`` closes.
-    The first reply, after ``warmup_s`` of iterations, is ``{"ready": true, "iteration_s": ..., "info": ...}``.
+    the driver and the env-stepping processes since start-up, idle time included); ``{"redraw": true}``
+    (when the first reply said ``"can_redraw": true``) replaces the env-stepping processes with fresh ones
+    (:attr:`Contestant.redraw`), warms them up for ``warmup_s``, pins them and replies
+    ``{"ready": true, "redraw_s": ...}``: reads before and after it are not comparable. EOF or ``{}`` closes.
+    The first reply, after ``warmup_s`` of iterations, is
+    ``{"ready": true, "iteration_s": ..., "can_redraw": ..., "info": ...}``.
     """
     import psutil
 
@@ -545,24 +562,37 @@ def serve(request: dict[str, Any], commands: Any, replies: Any) -> None:
         replies.write(json.dumps(data) + "\n")
         replies.flush()
 
+    allowed = os.sched_getaffinity(0)  # before the first pin narrows this process to one CPU
+
+    def warm_and_pin() -> list[psutil.Process]:
+        time_windows(contestant.step, warmup_s=float(request["warmup_s"]), seconds=0.5, windows=1)
+        procs = [psutil.Process(pid) for pid in contestant.worker_pids()] + [psutil.Process()]
+        if request.get("pin"):
+            pin(procs, allowed)
+        return procs
+
     try:
         setup_s = time.perf_counter() - t0
-        time_windows(contestant.step, warmup_s=float(request["warmup_s"]), seconds=0.5, windows=1)
+        procs = warm_and_pin()
         n, t1 = 0, time.perf_counter()
         while time.perf_counter() - t1 < 0.3:
             n += 1
             contestant.step()
         iteration_s = (time.perf_counter() - t1) / n
-        procs = [psutil.Process(pid) for pid in contestant.worker_pids()] + [psutil.Process()]
-        if request.get("pin"):
-            pin(procs)
-        reply({"ready": True, "iteration_s": iteration_s, "info": {**contestant.info, "setup_s": setup_s}})
+        info = {**contestant.info, "setup_s": setup_s}
+        can_redraw = contestant.redraw is not None
+        reply({"ready": True, "iteration_s": iteration_s, "can_redraw": can_redraw, "info": info})
         steps, active = 0, 0.0
         for line in commands:
             cmd = json.loads(line)
             if not cmd:
                 break
-            if "run" in cmd:
+            if cmd.get("redraw") and contestant.redraw is not None:
+                t1 = time.perf_counter()
+                contestant.redraw()
+                procs = warm_and_pin()
+                reply({"ready": True, "redraw_s": time.perf_counter() - t1})
+            elif "run" in cmd:
                 got, t1 = 0, time.perf_counter()
                 for _ in range(int(cmd["run"])):
                     got += contestant.step()

@@ -44,25 +44,30 @@ def setup_rllib(
         rollout_fragment=fragment,
         seed=0,
     )
-    group = EnvRunnerGroup(env_creator=env_creator, config=config, local_env_runner=True)
+    now = {"group": EnvRunnerGroup(env_creator=env_creator, config=config, local_env_runner=True)}
     batch = fragment * workers * envs_per_worker
 
     def step() -> int:
         # As PPO: weights from the learner side (here the local env runner's random module), then sample.
+        group = now["group"]
         group.sync_weights(from_worker_or_learner_group=group.local_env_runner, inference_only=True)
         out: Any = synchronous_parallel_sample(
             worker_set=group, max_env_steps=batch, _uses_new_env_runners=True, _return_metrics=True
         )
         return int(sum(e.env_steps() for e in out[0]))  # env steps (a MultiAgentEpisode's too, not agent steps)
 
+    def redraw() -> None:  # fresh env runner actors, this driver and its Ray kept
+        now["group"].stop()
+        now["group"] = EnvRunnerGroup(env_creator=env_creator, config=config, local_env_runner=True)
+
     def close() -> None:
-        group.stop()
+        now["group"].stop()
         disconnect()
 
     def pids() -> list[int]:
-        return [int(p) for p in group.foreach_env_runner(getpid, local_env_runner=False)]
+        return [int(p) for p in now["group"].foreach_env_runner(getpid, local_env_runner=False)]
 
-    return Contestant(step, close, {"rllib_version": ray.__version__, "fragment": fragment}, pids)
+    return Contestant(step, close, {"rllib_version": ray.__version__, "fragment": fragment}, pids, redraw)
 
 
 # torchrl: the adapter's collector (Collector / MultiSyncCollector over SerialEnv(GymWrapper(make_env))) and actor

@@ -35,7 +35,8 @@ def gate(out: Path, name: str, plant: float, extra: list[str]) -> dict:
     return {
         "run": name, "planted": plant, "exit": done.returncode, "verdict": cell["verdict"],
         "ratio": cell["ratio"]["ratio"], "lo": cell["ratio"]["lo"], "hi": cell["ratio"]["hi"],
-        "wall_ratio": cell["wall_ratio"]["ratio"], "pairs": len(cell["pairs"]), "stop": data["stop_reason"],
+        "wall_ratio": cell["wall_ratio"]["ratio"], "pairs": len(cell["pairs"]),
+        "draws": cell.get("draws"), "processes": cell.get("processes"), "stop": data["stop_reason"],
         "gate_s": round(wall, 1), "commit": data["head_commit"][:12],
     }  # fmt: skip
 
@@ -65,13 +66,13 @@ def main() -> None:
         f"planted {args.plant:.0%} slowdown flagged as a regression: {hit} of {len(planted)}; "
         f"identical code flagged: {false} of {len(same)}; longest gate run {max(r['gate_s'] for r in rows):.0f} s",
         "",
-        "| run | verdict | ratio [95 % CI] | wall ratio | pairs | gate s | stopped |",
-        "|---|---|---|---|---|---|---|",
+        "| run | verdict | ratio [95 % CI] | wall ratio | pairs | draws | process pairs | gate s | stopped |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['run']} | {r['verdict']} | {r['ratio']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] | "
-            f"{r['wall_ratio']:.3f} | {r['pairs']} | {r['gate_s']:.0f} | {r['stop']} |"
+            f"{r['wall_ratio']:.3f} | {r['pairs']} | {r['draws']} | {r['processes']} | {r['gate_s']:.0f} | {r['stop']} |"
         )
     (args.out / "power.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

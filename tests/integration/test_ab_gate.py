@@ -15,10 +15,10 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-# one session: a fresh measurement process per side, two pairs of 1 s windows (a precision two pairs never reach:
-# the stop is always --max-pairs, whatever the ratios)
+# two draws of one pair of 1 s windows each: the first in a fresh measurement process per side, the second in
+# fresh actors inside them; a precision two pairs never reach, so the stop is always --max-pairs
 QUICK = ["--engines", "crossrl", "--workers", "1", "--seconds", "1", "--min-pairs", "2", "--max-pairs", "2",
-         "--pairs-per-session", "2", "--precision", "0.000001"]  # fmt: skip
+         "--pairs-per-draw", "1", "--precision", "0.000001"]  # fmt: skip
 
 
 def ab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -35,7 +35,9 @@ def test_a_planted_slowdown_is_a_regression(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "ab.json").read_text())
     (cell,) = data["cells"]
     assert len(cell["pairs"]) == 2 and {p["first"] for p in cell["pairs"]} == {"base", "head"}  # alternated
-    assert {p["session"] for p in cell["pairs"]} == {0}
+    # the second draw's actors were replaced inside the same two measurement processes
+    assert [p["draw"] for p in cell["pairs"]] == [0, 1] and [p["process"] for p in cell["pairs"]] == [0, 0]
+    assert cell["draws"] == 2 and cell["processes"] == 1
     assert cell["ratio"]["hi"] < 0.9  # 50 % more CPU in every sample call
     assert data["conditions"]["planted_slowdown"] == 0.5
     suite = ET.parse(tmp_path / "ab.xml").getroot().find("testsuite")
@@ -50,6 +52,25 @@ def test_the_same_code_is_no_regression(tmp_path: Path) -> None:
     (cell,) = json.loads((tmp_path / "ab.json").read_text())["cells"]
     assert cell["verdict"] != "REGRESSION"  # "improved" is possible at two pairs on a busy machine
     assert 0.8 < cell["ratio"]["ratio"] < 1.25
+
+
+def test_a_base_from_before_redraws_gets_fresh_processes_for_every_draw(tmp_path: Path) -> None:
+    """A base whose measurement server cannot replace its actors (the commit before redraws) still runs: each
+    draw is a fresh pair of measurement processes, as before."""
+    repo = Path(__file__).resolve().parents[2]
+    git = ["git", "-C", str(repo), "log", "--format=%H", "-S", '"can_redraw"', "--", "adapters/bench/contestants.py"]
+    introduced = subprocess.run(git, capture_output=True, text=True, check=True).stdout.split()[-1]
+    before = f"{introduced}~1"
+    done = subprocess.run(
+        [sys.executable, "-m", "crossrl.cli", "ab", before, *QUICK, "--threshold", "0.5", "--json", "ab.json",
+         "--no-store"],
+        cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (cell,) = json.loads((tmp_path / "ab.json").read_text())["cells"]
+    assert cell["draws"] == 2 and cell["processes"] == 2
+    assert [p["process"] for p in cell["pairs"]] == [0, 1]
+    assert "(fresh processes)" in done.stdout and "(redrawn)" not in done.stdout
 
 
 def test_a_bad_revision_exits_2_with_one_line(tmp_path: Path) -> None:
