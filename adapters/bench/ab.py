@@ -448,14 +448,16 @@ def run_ab(
         state = live.get(cell.key)
         if state is not None and state["can_redraw"] and state["draws"] < draws_per_process:
             servers = alive[cell.key]
+            t0 = time.monotonic()
             for side in ("base", "head"):
                 servers[side].ask_redraw()
             for side in ("base", "head"):
                 servers[side].redrawn()
             state["draws"] += 1
-            return "redrawn"
+            return f"redrawn in {time.monotonic() - t0:.1f} s"
         close(cell.key)
         env = {"base": {**envs["base"], "PYTHONPATH": str(base_path)}, "head": envs["head"]}
+        t0 = time.monotonic()
         servers = alive[cell.key] = {}
         for side in ("base", "head"):
             servers[side] = Server(request_of[cell.key], env=env[side], workdir=workdir, name=side)
@@ -466,7 +468,7 @@ def run_ab(
             "draws": 1,
         }
         cell.processes += 1
-        return "fresh processes"
+        return f"fresh processes in {time.monotonic() - t0:.1f} s"
 
     def draw(cell: Cell, index: int, base_path: Path, workdir: Path) -> None:
         how = new_draw(cell, base_path, workdir)

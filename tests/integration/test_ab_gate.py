@@ -70,7 +70,7 @@ def test_a_base_from_before_redraws_gets_fresh_processes_for_every_draw(tmp_path
     (cell,) = json.loads((tmp_path / "ab.json").read_text())["cells"]
     assert cell["draws"] == 2 and cell["processes"] == 2
     assert [p["process"] for p in cell["pairs"]] == [0, 1]
-    assert "(fresh processes)" in done.stdout and "(redrawn)" not in done.stdout
+    assert "(fresh processes in " in done.stdout and "(redrawn in " not in done.stdout
 
 
 def test_a_bad_revision_exits_2_with_one_line(tmp_path: Path) -> None:
