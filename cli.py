@@ -438,10 +438,10 @@ def ab(
     seconds: Annotated[float, typer.Option("--seconds", help="seconds each side runs per pair")] = 2.0,
     pairs_per_draw: Annotated[
         int, typer.Option("--pairs-per-draw", help="pairs per draw of fresh env-stepping processes on both sides")
-    ] = 2,
+    ] = 1,
     draws_per_process: Annotated[
         int, typer.Option("--draws-per-process", help="draws before both measurement processes are replaced")
-    ] = 6,
+    ] = 8,
     threshold: Annotated[
         float, typer.Option("--threshold", help="REGRESSION when the whole CI of head/base lies below this")
     ] = 0.98,
