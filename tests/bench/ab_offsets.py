@@ -10,6 +10,7 @@ compare the spread of windows, of actor means and of process means.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -27,6 +28,7 @@ FRAGMENT = 500
 
 
 def main(actors: int, windows: int) -> None:
+    allowed = os.sched_getaffinity(0)  # before the first pin narrows this process to one CPU
     ray_up(1)
     alg = load("ppo")
     hp = {**alg.hyperparams(alg_defaults("ppo")), "train_batch": FRAGMENT * 8, "rollout_fragment": FRAGMENT}
@@ -41,7 +43,7 @@ def main(actors: int, windows: int) -> None:
         while time.perf_counter() < end:
             opt.step()
         procs = [psutil.Process(p) for p in pids] + [psutil.Process()]
-        pin(procs)
+        pin(procs, allowed)
         setup_s = time.perf_counter() - t0
         figures = []
         for _ in range(windows):
