@@ -54,13 +54,42 @@ def test_the_same_code_is_no_regression(tmp_path: Path) -> None:
     assert 0.8 < cell["ratio"]["ratio"] < 1.25
 
 
+def commit_without_redraws(repo: Path, scratch: Path) -> str:
+    """A commit (child of HEAD, reachable from no branch) whose measurement server speaks the protocol from
+    before redraws: its first reply has no ``can_redraw``. Built from HEAD's tree, so the test needs no history
+    (a CI clone may be shallow)."""
+    path = "adapters/bench/contestants.py"
+    source = subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{path}"], capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    old = '"iteration_s": iteration_s, "can_redraw": can_redraw, '
+    assert source.count(old) == 1, "the first reply's shape changed: update this test"
+    env = {
+        **os.environ,
+        "GIT_INDEX_FILE": str(scratch / "index"),
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@localhost",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@localhost",
+    }
+
+    def git(*args: str, stdin: str | None = None) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True,
+                              env=env, check=True).stdout.strip()  # fmt: skip
+
+    try:
+        git("read-tree", "HEAD")
+        blob = git("hash-object", "-w", "--stdin", stdin=source.replace(old, '"iteration_s": iteration_s, '))
+        git("update-index", "--cacheinfo", f"100644,{blob},{path}")
+        tree = git("write-tree")
+    finally:
+        Path(env["GIT_INDEX_FILE"]).unlink(missing_ok=True)
+    return git("commit-tree", tree, "-p", "HEAD", "-m", "crossrl test: a measurement server without redraws")
+
+
 def test_a_base_from_before_redraws_gets_fresh_processes_for_every_draw(tmp_path: Path) -> None:
-    """A base whose measurement server cannot replace its actors (the commit before redraws) still runs: each
+    """A base whose measurement server cannot replace its actors (one from before redraws) still runs: each
     draw is a fresh pair of measurement processes, as before."""
-    repo = Path(__file__).resolve().parents[2]
-    git = ["git", "-C", str(repo), "log", "--format=%H", "-S", '"can_redraw"', "--", "adapters/bench/contestants.py"]
-    introduced = subprocess.run(git, capture_output=True, text=True, check=True).stdout.split()[-1]
-    before = f"{introduced}~1"
+    before = commit_without_redraws(Path(__file__).resolve().parents[2], tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "crossrl.cli", "ab", before, *QUICK, "--threshold", "0.5", "--json", "ab.json",
          "--no-store"],
