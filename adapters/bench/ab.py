@@ -6,17 +6,17 @@ repository is touched) and run from the same Python environment, which is allowe
 requirements (``requirements.txt``, ``constraints.txt``, ``pyproject.toml``'s dependencies) are those of
 the working tree. Per engine and worker count, each side runs in a measurement process of its own code
 (the sampling bench's contestants, :func:`~crossrl.adapters.bench.contestants.serve`) whose env-stepping
-processes are replaced, on both sides at once, for every *draw* (a fresh actor draws a speed offset of its
-own); inside a draw the gate alternates short slices of iterations between the two sides (A B B A ...),
-because this VM's CPU speed drifts within seconds and only sides measured in the same second see the
-same machine.
+processes are replaced, on both sides at once, for every *draw* (pairs measured in one set of processes
+share part of their speed offset; docs/performance.md); inside a draw the gate alternates short slices of
+iterations between the two sides (A B B A ...), because this VM's CPU speed drifts within seconds and only
+sides measured in the same second see the same machine.
 
 What is compared is **env steps per CPU-second** of the measured processes (the driver and the processes
 that step the envs): what a code change costs per step, which other jobs on the machine dilute far less
 than wall time (docs/performance.md, "The A/B gate"). Wall-clock steps/s is measured and reported beside
 it. Each pair gives a head/base ratio; their IQM (in log terms, the report's own estimate) is the
 estimate and a two-level percentile bootstrap (draws, then pairs;
-:func:`crossrl.reports.stats.paired_ratio_ci`) its 95 % CI. Sessions are added until every CI is narrow
+:func:`crossrl.reports.stats.paired_ratio_ci`) its 95 % CI. Draws are added until every CI is narrow
 enough (half-width at most ``precision``) or the time limit would be passed; the result says which.
 Verdict per (engine, workers): REGRESSION when the whole CI lies below ``threshold``, improved when it
 lies above ``1 / threshold``, ok otherwise.
@@ -393,8 +393,8 @@ def run_ab(
     both sides fresh env-stepping processes (evaluator actors, env runners), warmed up for ``warmup_s``:
     in the live measurement processes (``redraw``) or, every ``draws_per_process`` draws and whenever a
     side cannot redraw (a base from before redraws, an engine without them), in a fresh pair of
-    measurement processes. A fresh actor draws a speed offset of its own, the largest noise the gate
-    sees, and a redraw costs a few seconds where fresh processes cost ~17 s (docs/performance.md). Each
+    measurement processes. Pairs measured in one set of processes share part of their speed offset, and
+    a redraw costs about 4 s where fresh measurement processes cost about 9 s (docs/performance.md). Each
     draw measures ``pairs_per_draw`` pairs; a pair alternates slices of about ``slice_s`` (the same number
     of iterations on both sides), A B B A A B ..., until each side has run about ``seconds``. Draws repeat
     until the stop rule (``precision``, ``min_pairs``, ``max_pairs``, ``max_seconds``: no draw is started

@@ -21,8 +21,8 @@ class Contestant:
     """One engine's sampler, set up: ``step() -> env steps sampled``; ``close()`` releases it.
 
     ``redraw()``, where an engine has it, replaces the processes that step the envs (the evaluator actors, the
-    env runners) with fresh ones and keeps this process and its Ray: a fresh actor draws a speed offset of its
-    own (docs/performance.md, "The A/B gate"), in a few seconds instead of a new measurement process's ~8.
+    env runners) with fresh ones and keeps this process and its Ray: a new draw for the A/B gate
+    (docs/performance.md, "The A/B gate") in about 4 s instead of a new measurement process's 7-10 s.
     """
 
     step: Callable[[], int]

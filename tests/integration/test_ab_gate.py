@@ -113,7 +113,7 @@ def test_a_bad_revision_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_a_cancelled_gate_leaves_nothing_behind(tmp_path: Path) -> None:
-    """SIGTERM (a cancelled CI job) mid-session: exit 143, both measurement processes (each in its own
+    """SIGTERM (a cancelled CI job) mid-run: exit 143, both measurement processes (each in its own
     session, with its own Ray cluster) end, and the base's temporary checkout is removed."""
     import signal
     import time
