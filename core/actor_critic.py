@@ -3,9 +3,9 @@
 :class:`ActorCriticPolicy` has separate actor and critic networks (:func:`crossrl.core.models.build_net`:
 the spec's MLP, after its conv stack when it has one), categorical actions for ``Discrete`` spaces and a
 diagonal Gaussian for ``Box``; each algorithm module subclasses it and supplies only
-:meth:`~crossrl.core.policy.Policy.loss`. An MLP policy acts through the fused numpy net of
-:mod:`crossrl.core.numpy_net`; torch is imported only where the policy learns or computes gradients
-(the driver, A3C workers): a sampling-only evaluator actor keeps its weights as numpy and never
+:meth:`~crossrl.core.policy.Policy.loss`. An MLP policy acts through the numpy nets of
+:mod:`crossrl.core.numpy_net` (the actor per step, the critic once per fragment); torch is imported only where
+the policy learns or computes gradients (the driver, A3C workers): a sampling-only evaluator actor keeps its weights as numpy and never
 imports torch (RSS per evaluator actor: ``crossrl bench overhead``). A conv policy acts through its
 torch modules (:class:`ConvFragmentActor`: the actor's batched forward pass per step on the uint8 frames as the
 envs give them; the critic's values for the whole fragment afterwards, in batches).
@@ -23,12 +23,12 @@ from crossrl.core import maths
 from crossrl.core import sample_batch as sb
 from crossrl.core.numpy_net import (
     LOG_2PI,
-    FusedFragmentActor,
-    FusedNet,
-    fused_net,
-    np_forward,
+    ActorCriticNet,
+    NumpyFragmentActor,
+    actor_critic_net,
+    augmented_forward,
     same_layout,
-    write_fused,
+    write_actor_critic,
 )
 from crossrl.core.policy import FragmentActor, Policy
 from crossrl.core.sample_batch import SampleBatch
@@ -88,7 +88,7 @@ class ActorCriticPolicy(Policy):
         # Weights live in the torch modules once built (self._torch), in _np_weights before that.
         self._torch: tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer] | None = None
         self._np_weights: dict[str, np.ndarray] | None = None
-        self._np_cache: FusedNet | None = None
+        self._np_cache: ActorCriticNet | None = None
 
     # -- torch, built on first use -------------------------------------------------------------------
     def _build_torch(self) -> tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer]:
@@ -154,7 +154,7 @@ class ActorCriticPolicy(Policy):
     def fragment_actor(self, *, num_steps: int, num_envs: int) -> FragmentActor:
         if self.conv:
             return ConvFragmentActor(self, num_steps=num_steps, num_envs=num_envs)
-        return FusedFragmentActor(
+        return NumpyFragmentActor(
             self._numpy_net(),
             obs_dim=self.obs_dim,
             act_dim=self.act_dim,
@@ -168,14 +168,15 @@ class ActorCriticPolicy(Policy):
         """V(obs) for ``obs[B, ...]`` -> ``[B]`` (float32)."""
         if self.conv:
             return self.conv_values(obs)
-        fused = self._numpy_net().layers
-        return np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim))[:, -1].copy()
+        x = np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim)
+        return augmented_forward(self._numpy_net().vf, x)[:, 0].copy()
 
     def _outputs(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """(the actor's outputs and the value side by side ``[B, act_dim + 1]``, log std or None) for ``obs``."""
         if not self.conv:
-            fused, log_std, _ = self._numpy_net()
-            return np_forward(fused, np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim)), log_std
+            net = self._numpy_net()
+            x = np.asarray(obs, np.float32).reshape(len(obs), self.obs_dim)
+            return np.concatenate([augmented_forward(net.pi, x), augmented_forward(net.vf, x)], axis=1), net.log_std
         import torch
 
         with torch.no_grad():
@@ -206,15 +207,14 @@ class ActorCriticPolicy(Policy):
 
         return torch.as_tensor(np.asarray(obs)).reshape(len(obs), *self.obs_shape)
 
-    def _numpy_net(self) -> FusedNet:
-        """Actor and critic fused into one numpy MLP (block-diagonal weights), refreshed after weight changes.
+    def _numpy_net(self) -> ActorCriticNet:
+        """The actor and critic as numpy MLPs, refreshed in place on new weights, rebuilt after a learning step.
 
-        Output columns: the actor's outputs, then the value. For the small batches a sampler feeds (one
-        row per env) a numpy matmul costs far less than a torch module call (dispatch overhead), and the
-        fusion halves the number of calls.
+        For the small batches a sampler feeds (one row per env) a numpy matmul costs far less than a torch
+        module call (dispatch overhead).
         """
         if self._np_cache is None:
-            self._np_cache = fused_net(self.get_weights(), self.model_spec.activation, discrete=self.discrete)
+            self._np_cache = actor_critic_net(self.get_weights(), self.model_spec.activation, discrete=self.discrete)
         return self._np_cache
 
     # -- postprocessing ------------------------------------------------------------------------------
@@ -334,12 +334,12 @@ class ActorCriticPolicy(Policy):
         if self._torch is None:  # a sampling-only copy: keep numpy, never import torch
             old = self._np_weights
             if old is not None and self._np_cache is not None and same_layout(old, weights):
-                # New values for the same arrays, the fused net refreshed in place: an evaluator gets new
-                # weights every iteration, and rebuilding the fused net (~50 numpy calls and fresh
+                # New values for the same arrays, the numpy nets refreshed in place: an evaluator gets new
+                # weights every iteration, and rebuilding the numpy nets (~50 numpy calls and fresh
                 # arrays) cost ~1.6 ms per fragment at 16 latency workers on 2 cores, ~25 us per step.
                 for k, v in weights.items():
                     np.copyto(old[k], v)
-                write_fused(self._np_cache, old)
+                write_actor_critic(self._np_cache, old)
                 return
             self._np_weights = {k: np.array(v, np.float32) for k, v in weights.items()}
         else:
@@ -356,9 +356,9 @@ class ConvFragmentActor:
     over the envs' observations as they come (``torch.from_numpy``: uint8 frames, no copy, no float copy; one torch
     thread in an evaluator actor) under ``torch.inference_mode``, its logits written into the fragment's buffer, and
     the action sampled from them.
-    Exploration noise for the whole fragment is drawn in one call, as :class:`~crossrl.core.numpy_net.FusedFragmentActor`
-    does: the same numbers, in the same order, as :meth:`ActorCriticPolicy.compute_actions` draws step by step, so the
-    same actions for the same seed. Log-probabilities come after the loop, for the whole fragment; the critic's
+    Exploration noise for the whole fragment is drawn in one call, as
+    :class:`~crossrl.core.numpy_net.NumpyFragmentActor` does: the same numbers, in the same order, as
+    :meth:`ActorCriticPolicy.compute_actions` draws step by step, so the same actions for the same seed. Log-probabilities come after the loop, for the whole fragment; the critic's
     values too, in :meth:`ActorCriticPolicy.postprocess_trajectory` (batched passes over the fragment's observations,
     which the evaluator keeps anyway: the weights do not change within a fragment, so they are the values a
     per-step pass gives, at 35-70 % of the cost per frame).

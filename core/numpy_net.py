@@ -1,11 +1,11 @@
 """The numpy acting path: torch-built MLPs run from their state dicts in numpy, without torch.
 
 :func:`np_layers` reads a :func:`~crossrl.core.models.build_mlp` MLP out of a state dict and
-:func:`np_forward` runs it (QPolicy's Q-values, the actor-critic's values). :func:`fused_net` fuses an
-actor (``pi``) and a critic (``vf``) into one MLP, a :class:`FusedNet`, which :func:`write_fused`
-refreshes in place on new weights. :class:`FusedFragmentActor` samples a whole fragment through it: per
-env step one forward pass and one argmax (Gumbel-max for categorical actions) on noise drawn once per
-fragment, the log-probabilities computed for the whole fragment afterwards.
+:func:`np_forward` runs it (QPolicy's Q-values). :func:`actor_critic_net` reads an actor (``pi``) and a critic
+(``vf``) into an :class:`ActorCriticNet`, which :func:`write_actor_critic` refreshes in place on new weights.
+:class:`NumpyFragmentActor` samples a whole fragment through it: per env step one forward pass of the actor
+and one argmax (Gumbel-max for categorical actions) on noise drawn once per fragment; the log-probabilities
+and the critic's values are computed for the whole fragment afterwards.
 
 Nothing here imports torch, so a sampling-only actor-critic evaluator never does.
 """
@@ -24,14 +24,6 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 # One layer of a numpy MLP: (W^T [in, out], b [out]) for a Linear, or the activation's name.
 NpLayer = tuple[np.ndarray, np.ndarray] | str
-
-
-class FusedNet(NamedTuple):
-    """The fused actor-critic as numpy arrays, rebuilt after a learning step, refreshed in place by set_weights."""
-
-    layers: list[NpLayer]  # (W^T, b) Linears and activation names, outputs [actor's..., value]
-    log_std: np.ndarray | None  # Gaussian policies' state-independent log std
-    augmented: list[tuple[np.ndarray, str | None]]  # per Linear: [W^T; b] [in + 1, out], the activation after it
 
 
 def np_layers(weights: Mapping[str, np.ndarray], prefix: str, activation: str) -> list[NpLayer]:
@@ -61,66 +53,83 @@ def np_forward(layers: list[NpLayer], x: np.ndarray) -> np.ndarray:
     return x
 
 
-def fused_net(weights: Mapping[str, np.ndarray], activation: str, *, discrete: bool) -> FusedNet:
-    """The actor (``pi``) and critic (``vf``) MLPs of a state dict fused into one, outputs [actor's..., value].
+# One Linear of an :class:`ActorCriticNet`: [W^T; b] [in + 1, out] and the activation after it (None after the last).
+AugLayer = tuple[np.ndarray, str | None]
 
-    Each fused Linear is one matrix ``[W^T; b]`` applied to ``[x, 1]``: the acting loop keeps a column of
-    ones after every layer's input, so one ``np.dot`` does both the product and the bias (per step one
-    numpy call less per layer). The matrices are allocated here in the layout
-    :func:`write_fused` fills (and refills in place on new weights); ``layers`` are views of them.
+
+class ActorCriticNet(NamedTuple):
+    """The actor (``pi``) and the critic (``vf``) as numpy MLPs, rebuilt after a learning step, refreshed in place by
+    set_weights. Each Linear is one matrix ``[W^T; b]`` ``[in + 1, out]`` with the activation after it (None after the
+    last): applied to ``[x, 1]``, one ``np.dot`` does both the product and the bias."""
+
+    pi: list[AugLayer]
+    vf: list[AugLayer]
+    log_std: np.ndarray | None  # Gaussian policies' state-independent log std
+
+
+def actor_critic_net(weights: Mapping[str, np.ndarray], activation: str, *, discrete: bool) -> ActorCriticNet:
+    """The actor and critic MLPs of a state dict (``pi.<i>``, ``vf.<i>``) as an :class:`ActorCriticNet`.
+
+    The two stay separate: a block-diagonal fusion into one MLP (one call per layer for both) cost more than
+    the two calls it replaced, the zero blocks being half of its products (docs/performance.md), and the
+    critic is not needed per step (:class:`NumpyFragmentActor` runs it once per fragment).
     """
-    pi, vf = ([x for x in np_layers(weights, prefix, activation) if not isinstance(x, str)] for prefix in ("pi", "vf"))
-    if len(pi) != len(vf):
-        raise ValueError(f"actor and critic differ in depth ({len(pi)} vs {len(vf)} Linears): cannot fuse them")
-    augmented: list[tuple[np.ndarray, str | None]] = []
-    layers: list[NpLayer] = []
-    for j, ((wa, _), (wb, _)) in enumerate(zip(pi, vf, strict=True)):
-        rows = wa.shape[0] + (0 if j == 0 else wb.shape[0])  # the first layer's input is shared
-        m = np.zeros((rows + 1, wa.shape[1] + wb.shape[1]), np.float32)
-        fn = activation if j < len(pi) - 1 else None
-        augmented.append((m, fn))
-        layers.append((m[:-1], m[-1]))
-        if fn is not None:
-            layers.append(fn)
-    net = FusedNet(layers, None if discrete else np.array(weights["log_std"], np.float32), augmented)
-    write_fused(net, weights)
+    layouts = {prefix: _augmented(weights, prefix, activation) for prefix in ("pi", "vf")}
+    net = ActorCriticNet(layouts["pi"], layouts["vf"], None if discrete else np.array(weights["log_std"], np.float32))
+    write_actor_critic(net, weights)
     return net
+
+
+def _augmented(weights: Mapping[str, np.ndarray], prefix: str, activation: str) -> list[AugLayer]:
+    linears = [x for x in np_layers(weights, prefix, activation) if not isinstance(x, str)]
+    return [
+        (np.zeros((w.shape[0] + 1, w.shape[1]), np.float32), activation if j < len(linears) - 1 else None)
+        for j, (w, _) in enumerate(linears)
+    ]
 
 
 def same_layout(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> bool:
     return a.keys() == b.keys() and all(np.shape(b[k]) == v.shape for k, v in a.items())
 
 
-def write_fused(net: FusedNet, weights: Mapping[str, np.ndarray]) -> None:
-    """Write ``weights`` (a ``pi``/``vf`` state dict) into ``net``'s fused ``[W^T; b]`` matrices in place.
-
-    The layout :func:`fused_net` allocates: the first Linear puts the actor's and the critic's columns
-    side by side on the shared input; later ones are block-diagonal; each bias is the matrix's last
-    row. The zero blocks stay zero.
-    """
-    for j, (m, _) in enumerate(net.augmented):
-        wa, wb = weights[f"pi.{2 * j}.weight"], weights[f"vf.{2 * j}.weight"]  # [out, in]
-        ca, ra = wa.shape
-        rb0 = 0 if j == 0 else ra  # the critic's input rows: shared on the first layer
-        m[:ra, :ca] = wa.T
-        m[rb0 : rb0 + wb.shape[1], ca:] = wb.T
-        m[-1, :ca] = weights[f"pi.{2 * j}.bias"]
-        m[-1, ca:] = weights[f"vf.{2 * j}.bias"]
+def write_actor_critic(net: ActorCriticNet, weights: Mapping[str, np.ndarray]) -> None:
+    """Write ``weights`` (a ``pi``/``vf`` state dict) into ``net``'s ``[W^T; b]`` matrices in place."""
+    for prefix, layers in (("pi", net.pi), ("vf", net.vf)):
+        for j, (m, _) in enumerate(layers):
+            m[:-1] = weights[f"{prefix}.{2 * j}.weight"].T
+            m[-1] = weights[f"{prefix}.{2 * j}.bias"]
     if net.log_std is not None:
         np.copyto(net.log_std, weights["log_std"])
 
 
-class FusedFragmentActor:
-    """One fragment of acting through a :class:`FusedNet`: per step a forward pass and the sampled action;
-    extras (LOGP, VF_PREDS) afterwards. A :class:`~crossrl.core.policy.FragmentActor`.
+def augmented_forward(layers: list[AugLayer], x: np.ndarray, *, ones_column: bool = False) -> np.ndarray:
+    """An :class:`ActorCriticNet` MLP on a batch ``x [B, in]`` (``[B, in + 1]`` ending in ones if ``ones_column``)."""
+    for j, (m, fn) in enumerate(layers):
+        if j == 0 and ones_column:
+            x = np.dot(x, m)
+        else:
+            x = np.dot(x, m[:-1])
+            x += m[-1]
+        if fn is not None:
+            _ACTIVATIONS[fn](x, out=x)
+    return x
 
-    Exploration noise for the whole fragment is drawn in one call (Gumbel noise for categorical
-    actions, standard normal for Gaussian ones): the same distribution as drawing it step by step.
+
+class NumpyFragmentActor:
+    """One fragment of acting through an :class:`ActorCriticNet` (a :class:`~crossrl.core.policy.FragmentActor`): per
+    env step one forward pass of the actor and the sampled action; after the loop the log-probabilities and the
+    critic's values, for the whole fragment at once.
+
+    Exploration noise for the whole fragment is drawn in one call (Gumbel noise for categorical actions, standard
+    normal for Gaussian ones): the same distribution as drawing it step by step. The observations are written into
+    a fragment-long input buffer whose last column is ones (the bias row of ``[W^T; b]``); the critic runs over that
+    buffer after the loop, batched (the weights do not change within a fragment, so these are the values a per-step
+    pass gives, for a fraction of the CPU: docs/performance.md).
     """
 
     def __init__(
         self,
-        net: FusedNet,
+        net: ActorCriticNet,
         *,
         obs_dim: int,
         act_dim: int,
@@ -130,62 +139,64 @@ class FusedFragmentActor:
         num_envs: int,
     ) -> None:
         self.log_std = net.log_std
-        *hidden, (self.last_w, _) = net.augmented
-        # Every layer's input lives in a buffer whose last column is ones (the bias row of [W^T; b]); each
-        # numpy call writes in place, so an env step allocates nothing here.
+        self.vf = net.vf
+        *hidden, (self.last_w, _) = net.pi
         self.obs_dim = obs_dim
-        self.x0 = np.ones((num_envs, self.obs_dim + 1), np.float32)
-        self.x0_in = self.x0[:, :-1]
+        self.x0 = np.ones((num_steps, num_envs, obs_dim + 1), np.float32)
+        # Each hidden layer writes its activations in place into the next layer's input buffer (ones in its last
+        # column): an env step allocates nothing here.
         self.hidden = []
-        x = self.x0
-        for w, act in hidden:
+        for w, fn in hidden:
             nxt = np.ones((num_envs, w.shape[1] + 1), np.float32)
-            fn = np.tanh if act == "tanh" else _relu_
-            self.hidden.append((x, w, np.empty((num_envs, w.shape[1]), np.float32), fn, nxt[:, :-1]))
-            x = nxt
-        self.x_last = x
+            self.hidden.append((w, np.empty((num_envs, w.shape[1]), np.float32), _ACTIVATIONS[fn], nxt, nxt[:, :-1]))
         self.discrete = discrete
         a = act_dim
         self.a = a
-        self.out = np.empty((num_steps, num_envs, a + 1), np.float32)
+        self.out = np.empty((num_steps, num_envs, a), np.float32)  # the actor's outputs: logits or means
         if self.discrete:
             self.actions = np.empty((num_steps, num_envs), np.int64)
-            # Gumbel noise beside the logits, -inf beside the value: argmax over a whole output row
-            self.noise = np.full((num_steps, num_envs, a + 1), -np.inf, np.float32)
-            self.noise[..., :a] = -np.log(rng.standard_exponential((num_steps, num_envs, a), np.float32))
-            self.scores = np.empty((num_envs, a + 1), np.float32)
+            self.noise = -np.log(rng.standard_exponential((num_steps, num_envs, a), np.float32))  # Gumbel
+            self.scores = np.empty((num_envs, a), np.float32)
         else:
             self.noise = rng.standard_normal((num_steps, num_envs, a), np.float32)
             assert self.log_std is not None
             self.std = np.exp(self.log_std)
             self.actions_f = np.empty((num_steps, num_envs, a), np.float32)
+        self.steps = 0  # steps acted so far: the critic runs over these rows
 
     def __call__(self, obs: np.ndarray, t: int) -> np.ndarray:
-        self.x0_in[...] = obs if obs.ndim == 2 else obs.reshape(len(obs), self.obs_dim)  # casts to float32
+        x = self.x0[t]
+        x[:, :-1] = obs if obs.ndim == 2 else obs.reshape(len(obs), self.obs_dim)  # casts to float32
         dot = np.dot
-        for x, w, h, act, nxt_in in self.hidden:
+        for w, h, act, nxt, nxt_in in self.hidden:
             dot(x, w, out=h)
             act(h, out=nxt_in)
+            x = nxt
         out = self.out[t]
-        dot(self.x_last, self.last_w, out=out)
+        dot(x, self.last_w, out=out)
+        self.steps = t + 1
         if self.discrete:
             actions: np.ndarray = self.actions[t]
             np.add(out, self.noise[t], out=self.scores).argmax(1, out=actions)
             return actions
-        self.actions_f[t] = out[:, : self.a] + self.std * self.noise[t]
+        self.actions_f[t] = out + self.std * self.noise[t]
         return self.actions_f[t]
 
     def columns(self) -> dict[str, np.ndarray]:
-        values = self.out[..., self.a].copy()
+        t, n = self.steps, self.x0.shape[1]
+        values = augmented_forward(self.vf, self.x0[:t].reshape(t * n, -1), ones_column=True)[:, 0].reshape(t, n)
         if self.discrete:
-            logits = self.out[..., : self.a]
-            chosen = np.take_along_axis(logits, self.actions[..., None], -1)
+            logits, actions = self.out[:t], self.actions[:t]
+            chosen = np.take_along_axis(logits, actions[..., None], -1)
             logp = -np.log(np.exp(logits - chosen).sum(-1))  # log softmax of the chosen action, no overflow
-            return {sb.ACTIONS: self.actions, sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values}
+            return {sb.ACTIONS: actions, sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values}
         assert self.log_std is not None
-        logp = (-0.5 * self.noise**2 - self.log_std - 0.5 * LOG_2PI).sum(-1)
-        return {sb.ACTIONS: self.actions_f, sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values}
+        logp = (-0.5 * self.noise[:t] ** 2 - self.log_std - 0.5 * LOG_2PI).sum(-1)
+        return {sb.ACTIONS: self.actions_f[:t], sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values}
 
 
 def _relu_(x: np.ndarray, *, out: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0.0, out=out)
+
+
+_ACTIVATIONS = {"tanh": np.tanh, "relu": _relu_}

@@ -22,15 +22,18 @@ columns it gets are writable, and each byte is copied once on each side, by the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import queue
 import shutil
+import socket
 import struct
 import tempfile
 import threading
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection, Listener, wait
@@ -126,6 +129,74 @@ def _read_into(fd: int, view: memoryview) -> None:
         got += n
 
 
+class Outbox:
+    """What the driver sends one evaluator (grants, the final ``None``), never blocking the driver.
+
+    Each message is written at once as far as the socket takes it (``MSG_DONTWAIT``); a rest (a grant bigger than
+    the socket's buffer: conv weights, while the evaluator samples or writes a batch) is written by a thread of this
+    outbox, in order. So the driver goes on reading batches while an evaluator is blocked writing one, and an
+    evaluator can read its grants between fragments on its sampling thread (no reader thread: one thread wake-up
+    less per fragment on the critical path of a synchronous round; docs/performance.md). The framing is
+    ``multiprocessing.connection``'s: the evaluator reads with ``Connection.recv``.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))  # its own descriptor: closed by this outbox
+        self._lock = threading.Lock()
+        self._queue: deque[memoryview] = deque()
+        self._writer: threading.Thread | None = None
+        self._closing = False
+        self.broken = False  # a write failed: the evaluator is gone
+
+    def send(self, obj: Any) -> None:
+        """Queue ``obj`` for the evaluator; ``OSError`` when an earlier write found the connection gone."""
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = memoryview(struct.pack("!i", len(payload)) + payload)  # < 2 GiB: Connection's short header
+        with self._lock:
+            if self.broken or self._closing:
+                raise BrokenPipeError("the evaluator's connection is gone")
+            if not self._queue:
+                try:
+                    data = data[self._sock.send(data, socket.MSG_DONTWAIT) :]
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    self.broken = True
+                    raise
+                if not data.nbytes:
+                    return
+            self._queue.append(data)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_queued, name="crossrl-stream-outbox", daemon=True)
+                self._writer.start()
+
+    def _write_queued(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue or self.broken:
+                    self._writer = None
+                    if self._closing:
+                        self._sock.close()
+                    return
+                data = self._queue[0]
+            try:
+                self._sock.sendall(data)  # blocking: this thread only
+            except OSError:
+                with self._lock:
+                    self.broken = True
+                    self._queue.clear()
+                continue
+            with self._lock:
+                self._queue.popleft()
+
+    def close(self) -> None:
+        """Close this outbox's descriptor once what is queued is written (or the connection broke)."""
+        with self._lock:
+            self._closing = True
+            if self._writer is None:
+                self._sock.close()
+
+
 # ---- driver side ---------------------------------------------------------------------------------------
 
 
@@ -155,6 +226,7 @@ class StreamHub:
         for listener in self._listeners:
             threading.Thread(target=self._accept, args=(listener,), name="crossrl-stream-accept", daemon=True).start()
         self.conns: list[Connection | None] = [None] * num_remote
+        self.outboxes: list[Outbox | None] = [None] * num_remote
         self.incarnation = [0] * num_remote
         self.outstanding = [0] * num_remote  # fragments granted and not yet received
 
@@ -199,6 +271,7 @@ class StreamHub:
             i = index - 1
             if i in waiting and incarnation == self.incarnation[i]:
                 self.conns[i] = conn
+                self.outboxes[i] = Outbox(conn)
                 waiting.discard(i)
             else:
                 conn.close()  # a stale incarnation
@@ -206,12 +279,12 @@ class StreamHub:
 
     def grant(self, i: int, grant: Grant) -> bool:
         """Send ``grant`` to evaluator ``i``; False when its connection is gone (then it has to be restarted)."""
-        conn = self.conns[i]
-        if conn is None:
+        outbox = self.outboxes[i]
+        if outbox is None:
             return False
         try:
-            conn.send(grant)
-        except (OSError, EOFError):
+            outbox.send(grant)
+        except OSError:
             self._drop(i)
             return False
         self.outstanding[i] += grant.credits
@@ -247,20 +320,21 @@ class StreamHub:
 
     def _drop(self, i: int) -> None:
         conn, self.conns[i] = self.conns[i], None
+        outbox, self.outboxes[i] = self.outboxes[i], None
         self.outstanding[i] = 0
+        if outbox is not None:
+            outbox.close()
         if conn is not None:
             conn.close()
 
     def close(self) -> None:
         """Tell every evaluator to stop streaming, close every connection and the listeners."""
         self._closed.set()
-        for i, conn in enumerate(self.conns):
-            if conn is not None:
-                try:
-                    conn.send(None)
-                except (OSError, EOFError):
-                    pass
-                self._drop(i)
+        for i, outbox in enumerate(self.outboxes):
+            if outbox is not None:
+                with contextlib.suppress(OSError):
+                    outbox.send(None)
+            self._drop(i)
         for listener in self._listeners:
             listener.close()
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -291,28 +365,14 @@ def serve_fragments(
     fragment, send it. ``sample(newest_grant_or_None, num_steps)`` applies a grant's weights and epsilon (when
     it carries them) and returns the batch. Ends when the driver sends ``None`` or goes away, or after sending a
     :class:`RemoteFailure` when ``sample`` raised."""
-    # Grants are read by a thread of their own, so that the driver's send of a grant (big weights) never waits
-    # on this loop while this loop waits on the driver to read a big batch: each side only ever blocks on a
-    # reader that is running.
-    grants: queue.Queue[Grant | None] = queue.Queue()
-
-    def read_grants() -> None:
-        try:
-            while True:
-                msg = conn.recv()
-                grants.put(msg)
-                if msg is None:
-                    return
-        except (OSError, EOFError):
-            grants.put(None)  # the driver closed the connection
-
-    threading.Thread(target=read_grants, name="crossrl-stream-grants", daemon=True).start()
+    # Grants are read here, between fragments (waiting for one when out of credits): the driver never blocks on a
+    # grant (:class:`Outbox`), so this loop may block writing a batch without reading grants meanwhile.
     credits, num_steps = 0, 0
     try:
         while not stopped.is_set():
             newest: Grant | None = None
-            while credits == 0 or not grants.empty():
-                msg = grants.get()
+            while credits == 0 or conn.poll(0):
+                msg = conn.recv()
                 if msg is None:
                     return
                 credits += msg.credits

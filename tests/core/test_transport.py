@@ -167,25 +167,43 @@ def test_a_failing_fragment_reaches_the_driver_as_the_error_and_its_traceback() 
 
 
 def test_a_big_grant_and_a_big_batch_crossing_at_once_do_not_deadlock() -> None:
-    """The driver sends new weights (megabytes) while the evaluator sends a batch bigger than the socket's buffer:
-    both complete (the evaluator reads grants on a thread of its own)."""
+    """The driver sends new weights (megabytes) while the evaluator is blocked sending a batch bigger than the
+    socket's buffer: the driver's send returns at once (its outbox writes the rest), everything arrives, in order."""
     driver, evaluator = Pipe()
     big = batch_of(4, 400_000)  # ~13 MB
+    seen: list[tuple[int | None, float | None]] = []
 
     def sample(grant: tx.Grant | None, num_steps: int) -> SampleBatch:
+        seen.append((None, None) if grant is None else (grant.version, grant.epsilon))
         return big
 
     loop = threading.Thread(target=tx.serve_fragments, args=(evaluator, sample, threading.Event()), daemon=True)
     loop.start()
-    driver.send(tx.Grant(4, credits=2))
+    outbox = tx.Outbox(driver)
+    outbox.send(tx.Grant(4, credits=2))
     time.sleep(0.5)  # the evaluator is now blocked writing its first batch
-    sender = threading.Thread(target=driver.send, args=(tx.Grant(4, credits=1, version=1, weights=bytes(8 << 20)),))
-    sender.start()
-    sender.join(timeout=20)
-    assert not sender.is_alive(), "the driver's grant never went through"
+    t0 = time.perf_counter()
+    outbox.send(tx.Grant(4, credits=1, version=1, weights=bytes(8 << 20)))
+    outbox.send(tx.Grant(4, credits=0, epsilon=0.25))  # queued behind the big one
+    assert time.perf_counter() - t0 < 1.0, "the driver waited on its grant"
     for _ in range(3):
         got = tx.recv_object(driver)
         np.testing.assert_array_equal(got[sb.OBS], big[sb.OBS])
-    driver.send(None)
+    # both grants read whole and applied by fragment 3 (the weights with fragment 2 if they were in by then)
+    assert seen[0] == (None, None)
+    assert [v for v, _ in seen[1:] if v is not None] == [1] and [e for _, e in seen[1:] if e is not None] == [0.25]
+    outbox.send(None)
     loop.join(timeout=5)
     assert not loop.is_alive()
+    outbox.close()
+
+
+def test_an_outbox_to_an_evaluator_that_is_gone_raises_instead_of_blocking() -> None:
+    driver, evaluator = Pipe()
+    outbox = tx.Outbox(driver)
+    evaluator.close()
+    with pytest.raises(OSError):
+        for _ in range(3):  # the first write may still land in the socket's buffer
+            outbox.send(tx.Grant(4, weights=bytes(1 << 20)))
+            time.sleep(0.2)
+    outbox.close()
