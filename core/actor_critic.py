@@ -89,6 +89,7 @@ class ActorCriticPolicy(Policy):
         self._torch: tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer] | None = None
         self._np_weights: dict[str, np.ndarray] | None = None
         self._np_cache: ActorCriticNet | None = None
+        self._weight_views: dict[str, np.ndarray] | None = None  # get_weights' views of the torch parameters
 
     # -- torch, built on first use -------------------------------------------------------------------
     def _build_torch(self) -> tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer]:
@@ -328,7 +329,12 @@ class ActorCriticPolicy(Policy):
     def get_weights(self) -> dict[str, np.ndarray]:
         if self._torch is None and self._np_weights is not None:
             return {k: v.copy() for k, v in self._np_weights.items()}
-        return {k: v.detach().numpy().copy() for k, v in self.net.state_dict().items()}
+        if self._weight_views is None:
+            # numpy views of the parameters' own storage (the optimizer and load_state_dict write it in place): a
+            # copy of each per call instead of walking the modules' state_dict (~34 -> ~2 us, on the driver between
+            # every learning step and the next broadcast)
+            self._weight_views = {k: v.detach().numpy() for k, v in self.net.state_dict().items()}
+        return {k: v.copy() for k, v in self._weight_views.items()}
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         if self._torch is None:  # a sampling-only copy: keep numpy, never import torch

@@ -101,12 +101,14 @@ class PolicyEvaluator:
             self.set_weights(weights, version)
         if epsilon is not None:
             self.policy.set_epsilon(epsilon)
-        obs_buf = np.empty((num_steps, *self._obs.shape), self._obs.dtype)
         rewards = np.empty((num_steps, self.num_envs), np.float32)
         terms = np.empty((num_steps, self.num_envs), bool)
         truncs = np.empty((num_steps, self.num_envs), bool)
         step = self.env.step
         act = self.policy.fragment_actor(num_steps=num_steps, num_envs=self.num_envs)
+        # The actor's own input rows when they hold the observations as they are: one copy per step, not two.
+        rows = act.obs_rows(self._obs.dtype, self._obs.shape) if hasattr(act, "obs_rows") else None
+        obs_buf = rows if rows is not None else np.empty((num_steps, *self._obs.shape), self._obs.dtype)
         clip = self._clip
         for t in range(num_steps):
             obs_buf[t] = self._obs
@@ -114,6 +116,8 @@ class PolicyEvaluator:
             obs, rewards[t], terms[t], truncs[t], _ = step(np.clip(actions, *clip) if clip is not None else actions)
             self._obs = obs
         cols = act.columns()
+        if rows is not None:
+            obs_buf = np.ascontiguousarray(rows)  # the batch's own column, not a view of the actor's buffer
         # Per-step bookkeeping is vectorized here, after the loop: at a few microseconds per numpy call
         # it would otherwise cost as much as the env step itself.
         ended = terms | truncs

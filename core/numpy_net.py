@@ -163,10 +163,21 @@ class NumpyFragmentActor:
             self.std = np.exp(self.log_std)
             self.actions_f = np.empty((num_steps, num_envs, a), np.float32)
         self.steps = 0  # steps acted so far: the critic runs over these rows
+        self.filled = False  # True: the caller writes each step's observations into obs_rows() itself
+
+    def obs_rows(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray | None:
+        """The fragment's input rows as an observation buffer ``[T, N, obs_dim]`` for the caller to fill, row ``t``
+        before step ``t`` (then this actor does not copy them again), or None when observations of ``dtype`` and
+        ``shape`` (one step of every env) do not fit it as they are (not float32, not flat)."""
+        if np.dtype(dtype) != np.float32 or tuple(shape) != (self.x0.shape[1], self.obs_dim):
+            return None
+        self.filled = True
+        return self.x0[..., :-1]
 
     def __call__(self, obs: np.ndarray, t: int) -> np.ndarray:
         x = self.x0[t]
-        x[:, :-1] = obs if obs.ndim == 2 else obs.reshape(len(obs), self.obs_dim)  # casts to float32
+        if not self.filled:
+            x[:, :-1] = obs if obs.ndim == 2 else obs.reshape(len(obs), self.obs_dim)  # casts to float32
         dot = np.dot
         for w, h, act, nxt, nxt_in in self.hidden:
             dot(x, w, out=h)

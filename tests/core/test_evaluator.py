@@ -283,3 +283,34 @@ def test_a_sampling_copy_takes_new_weights_in_place_and_acts_like_a_fresh_copy(
     learner.set_weights(w2)
     _, _, values = learner.evaluate(torch.as_tensor(obs), torch.as_tensor(a1))  # type: ignore[attr-defined]
     np.testing.assert_allclose(sampler.value(obs), values.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_learning_policys_weights_are_its_current_parameters_and_a_copy() -> None:
+    """get_weights reads the torch parameters through cached views: after set_weights and after a learning step it
+    returns the new values, and what it returns is the caller's own (changing it changes nothing)."""
+    alg = load("ppo")
+    ev = PolicyEvaluator(
+        env_spec=EnvSpec(id="CartPole-v1"),
+        num_envs=2,
+        policy_factory=PolicySpec(
+            policy_cls=alg.policy_cls, hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]), model=ModelSpec()
+        ),
+        seed=3,
+        worker_index=0,
+    )
+    policy = ev.policy
+    policy.net  # noqa: B018 - torch built: the learning copy
+    w1 = policy.get_weights()
+    w2 = {k: v + 1.0 for k, v in w1.items()}
+    policy.set_weights(w2)
+    got = policy.get_weights()
+    for k in w2:
+        np.testing.assert_array_equal(got[k], w2[k])
+    got["pi.0.weight"][:] = 0.0  # the caller's copy
+    np.testing.assert_array_equal(policy.get_weights()["pi.0.weight"], w2["pi.0.weight"])
+    policy.learn_on_batch(ev.sample(64))
+    after = policy.get_weights()
+    state = {k: v.detach().numpy() for k, v in policy.net.state_dict().items()}
+    assert any(not np.array_equal(after[k], w2[k]) for k in w2)  # it learned
+    for k in state:
+        np.testing.assert_array_equal(after[k], state[k])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torchrl.objectives.value import functional as tf
 
 from crossrl.core import maths
@@ -232,3 +234,25 @@ def test_shape_errors_name_the_argument() -> None:
         )
     with pytest.raises(ValueError, match="n=0"):
         maths.n_step_returns(rewards=col(1), terminated=flags(0), truncated=flags(0), gamma=1.0, n=0)
+
+
+@settings(derandomize=True, max_examples=60, deadline=None)
+@given(
+    steps=st.integers(1, 300),
+    envs=st.integers(1, 5),
+    coef=st.floats(0.0, 1.0),
+    cut=st.floats(0.0, 0.5),
+    seed=st.integers(0, 2**16),
+)
+def test_the_doubling_scan_sums_what_the_step_by_step_recursion_sums(
+    steps: int, envs: int, coef: float, cut: float, seed: int
+) -> None:
+    """GAE's backward sum ``y[t] = x[t] + c[t] * y[t+1]`` (a scan in log2(T) passes) against the recursion itself,
+    with the chain cut at random rows (episode ends) and any coefficient from 0 to 1."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(steps, envs)) * 10
+    c = coef * (rng.random((steps, envs)) >= cut)
+    want = x.copy()
+    for t in range(steps - 2, -1, -1):
+        want[t] += c[t] * want[t + 1]
+    np.testing.assert_allclose(maths._reverse_discounted_sum(x, c), want, rtol=1e-10, atol=1e-9)
