@@ -145,3 +145,24 @@ def test_a_synchronous_run_learns_the_same_on_either_transport(algorithm: str, h
         ]
     assert len(runs["stream"]) >= 4
     assert runs["stream"] == runs["calls"]
+
+
+def test_the_learning_policy_is_built_before_the_clock() -> None:
+    """start_core (all of it before ``sink.start_clock()``) leaves the driver's learning policy built: its torch
+    modules and optimizer (~0.7 s) are not paid inside the first timed iteration."""
+    from crossrl.adapters.crossrl import start_core
+    from crossrl.core.algorithms import load
+    from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
+    from crossrl.scenarios.spec import EnvSpec, ModelSpec
+
+    alg = load("ppo")
+    evaluators, opt = start_core(
+        env_spec=EnvSpec(id="CartPole-v1"), workers=1, envs_per_worker=2, policy_cls=alg.policy_cls,
+        hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]), model=ModelSpec(), optimizer="sync_samples",
+        seed=0, remote_num_cpus=1.0,
+    )  # fmt: skip
+    try:
+        assert evaluators.local.policy._torch is not None
+    finally:
+        opt.stop()
+        evaluators.stop()
