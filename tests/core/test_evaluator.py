@@ -245,7 +245,7 @@ def test_a_sampling_only_evaluator_never_imports_torch() -> None:
 def test_a_sampling_copy_takes_new_weights_in_place_and_acts_like_a_fresh_copy(
     env_id: str, hidden: tuple[int, ...]
 ) -> None:
-    """Sampling-only policies (torch never built) write new weights into their fused numpy net in place."""
+    """Sampling-only policies (torch never built) write new weights into their numpy nets in place."""
     alg = load("ppo")
     env = gym.make(env_id)
 

@@ -119,7 +119,7 @@ def test_weights_round_trip_per_policy() -> None:
     src, dst = evaluator("independent"), evaluator("independent")
     w = src.get_weights()
     assert {k.split("/")[0] for k in w} == {"a", "b"}
-    dst.sample(3)  # a sampling copy keeps numpy weights and a fused net
+    dst.sample(3)  # a sampling copy keeps numpy weights and its numpy nets
     dst.set_weights(pack_weights({k: v + 1.0 for k, v in w.items()}), 5)
     got = dst.get_weights()
     assert dst.weights_version == 5 and all(np.allclose(got[k], w[k] + 1.0) for k in w)
