@@ -181,8 +181,8 @@ class ActorCriticPolicy(Policy):
         import torch
 
         with torch.no_grad():
-            x = self._frames(obs)
-            out = torch.cat([self.net["pi"](x), self.net["vf"](x)], dim=1).numpy()
+            frames = self._frames(obs)
+            out = torch.cat([self.net["pi"](frames), self.net["vf"](frames)], dim=1).numpy()
             log_std = None if self.discrete else self.net.get_parameter("log_std").numpy().copy()
         return out, log_std
 

@@ -13,7 +13,7 @@ Nothing here imports torch, so a sampling-only actor-critic evaluator never does
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import numpy as np
@@ -147,6 +147,7 @@ class NumpyFragmentActor:
         # column): an env step allocates nothing here.
         self.hidden = []
         for w, fn in hidden:
+            assert fn is not None  # every Linear but the last has its activation
             nxt = np.ones((num_envs, w.shape[1] + 1), np.float32)
             self.hidden.append((w, np.empty((num_envs, w.shape[1]), np.float32), _ACTIVATIONS[fn], nxt, nxt[:, :-1]))
         self.discrete = discrete
@@ -210,4 +211,4 @@ def _relu_(x: np.ndarray, *, out: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0.0, out=out)
 
 
-_ACTIVATIONS = {"tanh": np.tanh, "relu": _relu_}
+_ACTIVATIONS: dict[str, Callable[..., np.ndarray]] = {"tanh": np.tanh, "relu": _relu_}
