@@ -94,6 +94,19 @@ def test_continuous_actions_are_clipped_for_the_env_but_stored_raw() -> None:
     np.testing.assert_allclose(values.detach().numpy(), batch[sb.VF_PREDS], rtol=1e-4, atol=1e-5)
 
 
+def test_a_discrete_fragment_stores_the_logp_and_values_torch_computes_for_it() -> None:
+    """The fragment actor acts feature-major on the evaluator's own observation rows: what it stores (OBS, LOGP of
+    the chosen actions, VF_PREDS) is what the torch networks give for the same observations and actions."""
+    ev = evaluator("CartPole-v1", num_envs=3)
+    batch = ev.sample(num_steps=20)
+    assert batch[sb.OBS].shape == (20, 3, 4) and batch[sb.OBS].flags.c_contiguous
+    logp, _, values = ev.policy.evaluate(  # type: ignore[attr-defined]
+        torch.as_tensor(batch[sb.OBS]), torch.as_tensor(batch[sb.ACTIONS])
+    )
+    np.testing.assert_allclose(logp.detach().numpy(), batch[sb.LOGP], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(values.detach().numpy(), batch[sb.VF_PREDS], rtol=1e-5, atol=1e-6)
+
+
 def test_numpy_inference_matches_torch_and_gumbel_sampling_matches_softmax() -> None:
     ev = evaluator()
     pol = ev.policy
