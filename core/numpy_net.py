@@ -155,7 +155,6 @@ class NumpyFragmentActor:
         self.last_w = np.ascontiguousarray(last.T)
         self.discrete = discrete
         a = act_dim
-        self.a = a
         self.out = np.empty((num_steps, a, num_envs), np.float32)  # the actor's outputs: logits or means
         if self.discrete:
             self.actions = np.empty((num_steps, num_envs), np.int64)
@@ -163,8 +162,7 @@ class NumpyFragmentActor:
             self.noise = np.ascontiguousarray(gumbel.transpose(0, 2, 1))  # [T, a, N], the same numbers
             self.scores = np.empty((a, num_envs), np.float32)
         else:
-            self.gauss = rng.standard_normal((num_steps, num_envs, a), np.float32)
-            self.noise = np.ascontiguousarray(self.gauss.transpose(0, 2, 1))
+            self.gauss = rng.standard_normal((num_steps, num_envs, a), np.float32)  # [T, N, a]
             assert self.log_std is not None
             self.std = np.exp(self.log_std)[:, None]
             self.actions_f = np.empty((num_steps, num_envs, a), np.float32)
@@ -196,7 +194,7 @@ class NumpyFragmentActor:
             actions: np.ndarray = self.actions[t]
             np.add(out, self.noise[t], out=self.scores).argmax(0, out=actions)
             return actions
-        self.actions_f[t] = (out + self.std * self.noise[t]).T
+        self.actions_f[t] = (out + self.std * self.gauss[t].T).T
         return self.actions_f[t]
 
     def columns(self) -> dict[str, np.ndarray]:
