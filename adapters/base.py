@@ -19,6 +19,16 @@ from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
 
+class TrainingDiverged(RuntimeError):
+    """A loss or the gradient norm an engine reported is not finite: the trial ends FAILED, on every engine alike
+    (its policy would otherwise collapse and the trial finish as a normal row)."""
+
+
+_DIVERGED_BY = {
+    name.rpartition(".")[2] for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.DIAG_GRAD_NORM)
+}  # also a multi-agent trial's policy.<id>.<name>
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """One engine. Implementations live one per module in ``crossrl.adapters``."""
@@ -49,6 +59,7 @@ class MetricSink:
         self.env_steps_sampled = 0
         self.setup_s: float | None = None
         self.target_reached = False
+        self.iterations = 0  # points so far
 
     # -- called by adapters ------------------------------------------------------------------
     def start_clock(self) -> None:
@@ -89,11 +100,14 @@ class MetricSink:
         dt = max(now - self._last_t, 1e-9)
         trained = env_steps_trained if env_steps_trained is not None else env_steps_sampled
         out: dict[str, float] = {}
+        self.iterations += 1
         for k, v in (values or {}).items():
             if not M.is_point_metric(k):
                 raise KeyError(f"{k!r} is neither a common metric name nor diag.* (crossrl.scenarios.metrics)")
             if v is not None and math.isfinite(float(v)):
                 out[k] = float(v)
+            elif v is not None and k.rpartition(".")[2] in _DIVERGED_BY:
+                raise TrainingDiverged(f"training diverged at iteration {self.iterations}: {k} is {float(v)}")
         out[M.ENV_STEPS_SAMPLED] = float(env_steps_sampled)
         out[M.ENV_STEPS_TRAINED] = float(trained)
         out[M.WALL_TIME_S] = now - self._t0

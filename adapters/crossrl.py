@@ -32,6 +32,7 @@ def start_core(
     seed: int,
     remote_num_cpus: float,
     transport: str = DEFAULT_TRANSPORT,
+    max_restarts: int | None = None,
 ) -> tuple[EvaluatorSet, PolicyOptimizer]:
     """``workers`` evaluator actors of ``envs_per_worker`` envs each, and the policy optimizer ``optimizer`` over them.
 
@@ -54,6 +55,7 @@ def start_core(
         remote_num_cpus=remote_num_cpus,
         evaluator_cls=evaluator_class(env_spec),  # a policy map per evaluator for a multi-agent env
         transport=transport,
+        max_restarts=max_restarts,
     )
     opt: PolicyOptimizer | None = None
     try:
@@ -111,6 +113,7 @@ class CrossrlAdapter:
                 seed=trial.seed,
                 remote_num_cpus=remote_cpus,
                 transport=trial.transport,
+                max_restarts=trial.budget.max_worker_restarts,
             )
             sink.tags(engine_version=_version(), optimizer=trial.optimizer, **info)
             sink.native_config(

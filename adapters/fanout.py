@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import shutil
 import signal
 import socket
 import tempfile
 import threading
 import time
 import traceback
+import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,8 @@ from crossrl.adapters.base import MetricSink
 from crossrl.adapters.procs import UsageMeter
 from crossrl.adapters.signals import Interrupted, deferred_signals, held_signals
 from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult, open_trial
+from crossrl.adapters.watch import TrialWatch, Verdict
+from crossrl.core.envguard import WATCH_DIR_ENV, register_stacks
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import SpecError
@@ -46,17 +51,24 @@ PLACEMENTS = {"node": "STRICT_PACK", "spread": "SPREAD"}
 TAKE_WAIT_S = 0.5  # a host waits this long for a first message before answering with none
 LOG_TAIL_BYTES = 4 << 20  # the most of a trial's log that comes back with it
 USAGE_EVERY_S = 2.0
+WATCH_EVERY_S = 0.5  # how often a host reads its trial's watch folder
 # the trial's processes: one torch / OpenMP thread each, as for a trial process on one machine
 HOST_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
 class _QueueSink(MetricSink):
-    def __init__(self, trial: Trial, out: queue.Queue[dict[str, Any]]) -> None:
-        self._out = out
+    def __init__(self, trial: Trial, out: queue.Queue[dict[str, Any]], on_setup: Callable[[], None]) -> None:
+        self._out, self._on_setup = out, on_setup
         super().__init__(trial)
 
     def _emit(self, message: dict[str, Any]) -> None:
+        if message["kind"] == "setup":
+            self._on_setup()
         self._out.put(message)
+
+
+def _verdict_message(verdict: Verdict) -> dict[str, Any]:
+    return {"kind": "error", "error": verdict.reason, "traceback": verdict.detail, "artifact": verdict.name}
 
 
 class TrialHost:
@@ -76,21 +88,51 @@ class TrialHost:
         self._out: queue.Queue[dict[str, Any]] = queue.Queue()
         self._usage = _Usage()
         self._fewest_free: float | None = None
+        # The env guard's folder for this trial's processes (its runtime env names it; the actors the engine starts
+        # inherit it): faults and stalls end the trial from here, as the runner's watch does for a trial process.
+        watch_dir = os.environ.get(WATCH_DIR_ENV)
+        # A trial spread over nodes steps envs where this host cannot see their beats: no stall before one is seen.
+        stall = self._trial.budget.stall_seconds
+        self._watch = TrialWatch(Path(watch_dir), stall_seconds=stall, require_beat=True) if watch_dir else None
+        self._ended = threading.Event()
+        register_stacks()
         threading.Thread(target=self._train, name="crossrl-trial", daemon=True).start()
+        if self._watch is not None:
+            threading.Thread(target=self._watching, name="crossrl-watch", daemon=True).start()
 
     def _train(self) -> None:
         try:
             from crossrl.adapters.registry import load_adapter
 
+            on_setup = self._watch.arm if self._watch is not None else lambda: None
             load_adapter(self._trial.engine, multi_agent=self._trial.env.multi_agent).run(
-                self._trial, _QueueSink(self._trial, self._out)
+                self._trial, _QueueSink(self._trial, self._out, on_setup)
             )
         except BaseException as e:  # report everything, as a trial process does
             tb = traceback.format_exc()
             print(tb, flush=True)
-            self._out.put({"kind": "error", "error": f"{type(e).__name__}: {e}", "traceback": tb})
+            fault = self._watch.fault() if self._watch is not None else None  # the guard's words, on every engine
+            if not self._ended.is_set():
+                self._ended.set()
+                self._out.put(
+                    _verdict_message(fault)
+                    if fault is not None
+                    else {"kind": "error", "error": f"{type(e).__name__}: {e}", "traceback": tb}
+                )
             return
-        self._out.put({"kind": "done"})
+        if not self._ended.is_set():
+            self._ended.set()
+            self._out.put({"kind": "done"})
+
+    def _watching(self) -> None:
+        assert self._watch is not None
+        while not self._ended.wait(WATCH_EVERY_S):
+            for message in self._watch.warnings():
+                self._out.put({"kind": "warning", "message": message})
+            verdict = self._watch.check()
+            if verdict is not None and not self._ended.is_set():
+                self._ended.set()  # the launcher ends the host (and the engine's actors with it) on this error
+                self._out.put(_verdict_message(verdict))
 
     def where(self) -> dict[str, str]:
         import ray
@@ -178,6 +220,7 @@ class _Running:
     cpu_seconds: float = 0.0
     usage_whole: bool = True  # memory and CPU counted over the trial's actors, not its driver alone
     group_free_cpus: float | None = None  # the fewest CPUs the trial's group had free while it ran
+    watch_dir: str = ""  # the env guard's folder of the trial's processes (crossrl.adapters.watch)
 
 
 def bundles(trial: Trial) -> list[dict[str, float]]:
@@ -263,8 +306,10 @@ def run_fanned_out(
         strategy = PlacementGroupSchedulingStrategy(
             r.group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
         )
+        r.watch_dir = os.path.join(tempfile.gettempdir(), f"crossrl-watch-{r.trial.name}-{uuid.uuid4().hex[:8]}")
+        env_vars = {**HOST_ENV, WATCH_DIR_ENV: r.watch_dir}
         r.host = host_cls.options(  # type: ignore[attr-defined]
-            num_cpus=1, scheduling_strategy=strategy, runtime_env={"env_vars": HOST_ENV}
+            num_cpus=1, scheduling_strategy=strategy, runtime_env={"env_vars": env_vars}
         ).remote(r.trial.model_dump_json())
         r.where = r.host.where.remote()
         r.started = time.perf_counter()
@@ -286,6 +331,8 @@ def run_fanned_out(
                 log_path = log_dir / f"{r.trial.name}.log"
                 log_path.write_bytes(ray.get(r.host.log.remote(), timeout=30))
         stop_host(r)
+        if r.watch_dir:  # the host's node's folder: removed here when the launcher shares that node
+            shutil.rmtree(r.watch_dir, ignore_errors=True)
         shared = sorted(
             o.trial.name
             for o in history

@@ -31,6 +31,7 @@ from crossrl.adapters.rllib_results import (
     env_steps_sampled,
     finite,
     first_number,
+    number,
     result_get,
     timing_values,
 )
@@ -384,8 +385,10 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         .training(**settings)
         .callbacks(on_episode_end=on_episode_end)
         # RLlib's default, set here so the native config states it: Ray restarts a dead env runner
-        # (SIGKILL, OOM), RLlib samples from the others meanwhile and counts the restart.
-        .fault_tolerance(restart_failed_env_runners=True)
+        # (SIGKILL, OOM), RLlib samples from the others meanwhile and counts the restart; at most
+        # budget.max_worker_restarts times (RLlib's own bound is 1000). An env that raises is no lost worker:
+        # crossrl's env guard reports it and the runner ends the trial (crossrl.adapters.watch).
+        .fault_tolerance(restart_failed_env_runners=True, max_num_env_runner_restarts=trial.budget.max_worker_restarts)
     )
     if trial.algorithm == "impala":
         # RLlib's default of >= 10 s per train() gives few, coarse points on short budgets.
@@ -461,7 +464,7 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
         M.VALUE_LOSS: first_number(policy, LOSS_KEYS[M.VALUE_LOSS]),
         M.ENTROPY: first_number(policy, LOSS_KEYS[M.ENTROPY]),
         **timing_values(result),
-        **{name: finite(result_get(result, *path)) for name, path in DIAG_PATHS.items()},
+        **{name: number(result_get(result, *path)) for name, path in DIAG_PATHS.items()},
     }
     return {
         "env_steps_sampled": env_steps_sampled(result),

@@ -19,6 +19,14 @@ def result_get(result: Mapping[str, Any], *path: str) -> Any:
     return node
 
 
+def number(value: Any) -> float | None:
+    """``value`` as a float, NaN and infinities kept (a non-finite loss is how the sink sees training diverge)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def finite(value: Any) -> float | None:
     try:
         v = float(value)
@@ -39,7 +47,7 @@ LOSS_KEYS: Final[dict[str, tuple[str, ...]]] = {
 def first_number(stats: Mapping[str, Any], keys: tuple[str, ...]) -> float | None:
     for key in keys:
         if key in stats:
-            return finite(stats[key])
+            return number(stats[key])
     return None
 
 

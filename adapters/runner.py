@@ -28,14 +28,16 @@ from crossrl.adapters.procs import UsageMeter, kill_procs, process_tree
 from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.adapters.signals import Interrupted, deferred_signals, deliver, held_signals
 from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult, open_trial
+from crossrl.adapters.watch import TrialWatch
 from crossrl.core.cluster import LOCAL_RAY_ENV, disconnect
 from crossrl.reports.journal import JournalError
 from crossrl.reports.store import HEARTBEAT_S, ResultsStore, StoreError
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import SpecError
-from crossrl.scenarios.spec import ScenarioSpec, Trial
+from crossrl.scenarios.spec import EnvSpec, ScenarioSpec, Trial
 
 KILL_GRACE_S = 5.0
+RAW_PROBE_LIMIT_S = 30.0  # the raw-speed probe's child process: building the envs, 50 warm-up steps, 1 s measured
 STORE_WAIT_S = 60.0  # at the end of a run, how long to wait for the store to have every write
 
 
@@ -115,6 +117,7 @@ def _run_one(
     partial = b""
     deadline = t0 + trial.budget.wall_seconds
 
+    watch = TrialWatch(log_dir / f"{trial.name}.watch", stall_seconds=trial.budget.stall_seconds)
     read_fd, write_fd = os.pipe()
     with held_signals() as early:  # a stop asked while the trial process starts is taken in the try below
         with open(log_path, "wb") as log:
@@ -125,7 +128,7 @@ def _run_one(
                 stderr=subprocess.STDOUT,
                 pass_fds=(write_fd,),
                 start_new_session=True,
-                env=child_env(),
+                env={**child_env(), **watch.env()},
             )
         os.close(write_fd)
         assert proc.stdin is not None
@@ -156,8 +159,16 @@ def _run_one(
                             rec.handle(json.loads(line))
             meter.sample()
             beat()
+            if rec.setup_s is not None:
+                watch.arm()
+            verdict = watch.check()
             with deferred_signals():
                 rec.flush_if_due()
+                rec.warn(watch.warnings())
+            if verdict is not None:  # the env broke or nothing steps: the trial ends now, on every engine alike
+                meter.kill_all()
+                rec.failed(verdict)
+                break
         else:
             try:
                 code = proc.wait(timeout=30)
@@ -165,6 +176,9 @@ def _run_one(
                 meter.kill_all()
                 code = proc.wait()
             rec.ended(code == 0, f"trial process exited with code {code}")
+            fault = watch.fault()
+            if fault is not None:  # the engine's own error (or none, if it went on) gives way to the guard's words
+                rec.failed(fault)
     except KeyboardInterrupt as e:
         stop = Interrupted.of(e)
         result.status, result.reason = M.KILLED, f"interrupted ({stop.label})"
@@ -176,8 +190,8 @@ def _run_one(
         with held_signals() as late:  # the trial's end reaches the store whole, a stop signal or not
             sel.close()
             os.close(read_fd)
-            if proc.poll() is None:
-                meter.kill_all()
+            meter.kill_all()  # the trial process and whatever it left (a process that outlived it, re-parented)
+            watch.close()
             rec.record_end(
                 wall_s=time.perf_counter() - t0,
                 peak_rss=meter.peak_rss,
@@ -322,8 +336,7 @@ def _run_trials(
     stopped = ""  # the parent's reason when a stop signal ends the run
     try:
         notify("start", {"trials": trials, "parent_id": store.wait_resolved(parent_id, timeout_s=5.0)})
-        if fresh:
-            _log_raw_speed(store, parent_id, spec, step=0)
+        probe_ok = _log_raw_speed(store, parent_id, spec, step=0) if fresh else True
         beat = _Heartbeat(store, parent_id)
         with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
             fanned = [t for t in trials if t.name not in bad] if fan_out is not None else []
@@ -355,7 +368,8 @@ def _run_trials(
                     log_dir=Path(tmp),
                     attempts=attempts,
                 )
-        _log_raw_speed(store, parent_id, spec, step=1)
+        if probe_ok:  # an env that failed the probe once is not probed again (a hang would cost its limit twice)
+            _log_raw_speed(store, parent_id, spec, step=1)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP under stop_on_signals
         stop = Interrupted.of(e)
         outcome.interrupted, outcome.stop_signal = True, stop.signum
@@ -427,22 +441,54 @@ def _resume_point(
     return parent_id, ended, attempts
 
 
-def _log_raw_speed(store: ResultsStore, parent_id: str, spec: ScenarioSpec, *, step: int) -> None:
+def _log_raw_speed(store: ResultsStore, parent_id: str, spec: ScenarioSpec, *, step: int) -> bool:
     """This machine's raw gymnasium speed for the scenario's env and envs-per-worker, measured before (step 0)
     and after (step 1) the trials, so throughput can be read as a ratio to it on whatever machine ran this.
+    False when the env failed the probe (then the tag ``raw_speed_error.<step>`` says why).
 
     The simulated ``step_latency_ms`` is left out: it is part of the scenario, not of the machine, so a
     latency added to the env shows as a lower ratio instead of cancelling out.
     """
-    from crossrl.core.rawspeed import raw_env_steps_per_s
-
     env = spec.env.model_copy(update={"step_latency_ms": 0.0})
-    try:
-        speed = raw_env_steps_per_s(env, num_envs=spec.execution.envs_per_worker, seconds=1.0)
-    except Exception as e:  # a user's env may fail here too; the trials will record how
-        store.set_tags(parent_id, {f"raw_speed_error.{step}": f"{type(e).__name__}: {e}"})
-        return
+    speed, error = raw_speed_probe(env, num_envs=spec.execution.envs_per_worker)
+    if error:  # a user's env may fail here too; the trials will record how
+        store.set_tags(parent_id, {f"raw_speed_error.{step}": error})
+        return False
     store.log_points(parent_id, [(step, {M.RAW_ENV_STEPS_PER_S: speed})])
+    return True
+
+
+def raw_speed_probe(
+    env: EnvSpec, *, num_envs: int, seconds: float = 1.0, limit_s: float = RAW_PROBE_LIMIT_S
+) -> tuple[float, str]:
+    """:func:`crossrl.core.rawspeed.raw_env_steps_per_s` in a child process of its own, ended after ``limit_s``:
+    (env steps per second, "") or (0, the problem on one line). The user's env never runs in the runner's process,
+    so a hang or a crash there costs at most ``limit_s``."""
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "crossrl.core.rawspeed", str(num_envs), repr(seconds)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+            env=child_env(),
+        )
+        try:
+            out, _ = proc.communicate(env.model_dump_json().encode(), timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            return 0.0, f"the env did not step through the raw-speed probe within {limit_s:g} s (does it hang?)"
+        finally:  # a hang, or a stop signal meanwhile: the probe goes, whatever it started with it
+            if proc.poll() is None:
+                kill_procs(process_tree(proc.pid), grace_s=0)
+                proc.wait()
+        err.seek(0)
+        problem = " ".join(err.read().decode(errors="replace").split())[-500:]
+    if proc.returncode != 0:
+        return 0.0, problem or f"the raw-speed probe exited with code {proc.returncode}"
+    try:
+        return float(out.decode().strip().splitlines()[-1]), ""
+    except (ValueError, IndexError):
+        return 0.0, f"the raw-speed probe printed no speed ({out[-200:]!r})"
 
 
 def finite(x: float | None) -> bool:

@@ -118,12 +118,9 @@ def loss_step(
     total.backward()
     grad_norm = clip_and_step(optim, params, grad_clip)
     # TorchRL's loss_critic is already scaled by critic_coeff; report the raw squared error.
-    value_loss = as_float(out["loss_critic"]) / vf_coeff if vf_coeff > 0 else math.nan
-    stats = {
-        M.POLICY_LOSS: as_float(out["loss_objective"]),
-        M.VALUE_LOSS: value_loss,
-        M.ENTROPY: as_float(out.get("entropy")),
-    }
+    stats = {M.POLICY_LOSS: as_float(out["loss_objective"]), M.ENTROPY: as_float(out.get("entropy"))}
+    if vf_coeff > 0:  # a NaN here is training that diverged (the sink fails the trial), not a missing value
+        stats[M.VALUE_LOSS] = as_float(out["loss_critic"]) / vf_coeff
     stats[M.DIAG_GRAD_NORM] = grad_norm
     # ClipPPOLoss's own diagnostics: kl_approx is the mean of log(pi_old / pi_new) (crossrl's core
     # reports the k3 estimate, RLlib its mean KL); clip_fraction as crossrl's.

@@ -30,6 +30,9 @@ class PipeSink(MetricSink):
 
 def main(argv: list[str]) -> int:
     stream = os.fdopen(int(argv[1]), "w", buffering=1)
+    from crossrl.core.envguard import register_stacks
+
+    register_stacks()  # the stall watchdog's SIGUSR1 dumps this process's threads too
     try:
         trial = Trial.model_validate_json(sys.stdin.read())
         from crossrl.adapters.registry import load_adapter

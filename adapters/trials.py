@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from crossrl.adapters.watch import Verdict
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
@@ -83,6 +84,7 @@ class TrialRecorder:
         self.setup_s: float | None = None
         self.error: dict[str, str] | None = None
         self.done = False
+        self.warned = False
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
@@ -99,10 +101,24 @@ class TrialRecorder:
             self.store.log_native_config(self.run_id, msg["config"])
         elif kind == "artifact":
             self.log_artifact(str(msg["name"]), base64.b64decode(msg["data"]))
+        elif kind == "warning":
+            self.warn([str(msg["message"])])
         elif kind == "error":
             self.error = msg
         elif kind == "done":
             self.done = True
+
+    def failed(self, verdict: Verdict) -> None:
+        """The trial ends FAILED for ``verdict`` (an env fault, a stall): its reason, and its detail as an artifact."""
+        self.result.status, self.result.reason = M.FAILED, verdict.reason
+        self.error = {"error": verdict.reason, "traceback": verdict.detail, "artifact": verdict.name}
+
+    def warn(self, messages: list[str]) -> None:
+        """Warnings from the trial's envs (``env.nonfinite: warn``): the first one as the run's ``env.warning`` tag."""
+        if messages and not self.warned:
+            self.warned = True
+            self.store.set_tags(self.run_id, {"env.warning": messages[0]}, what="env warning")
+            self.progress("warning", {"trial": self.trial, "message": messages[0]})
 
     def log_artifact(self, name: str, data: bytes) -> None:
         """A binary artifact of the trial (the store, or its journal, copies the file before this returns)."""
@@ -123,7 +139,7 @@ class TrialRecorder:
 
     def ended(self, exit_ok: bool, how: str) -> None:
         """The trial's code stopped: FINISHED when it said done and ``exit_ok``, else FAILED with its error or ``how``."""
-        if self.done and exit_ok:
+        if self.done and exit_ok and self.error is None:
             self.result.status = M.FINISHED
         elif self.error is not None:
             self.result.status, self.result.reason = M.FAILED, self.error["error"]
@@ -139,7 +155,7 @@ class TrialRecorder:
         result.summary[M.CPU_SECONDS] = cpu_seconds
         self.flush()
         if self.error is not None:
-            self.store.log_text(self.run_id, self.error["traceback"], "traceback.txt")
+            self.store.log_text(self.run_id, self.error["traceback"], self.error.get("artifact", "traceback.txt"))
         if log_path is not None:
             self.store.log_file(self.run_id, log_path)
         self.store.finish_trial(

@@ -14,6 +14,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from pettingzoo.utils.wrappers.base_parallel import BaseParallelWrapper
 
+from crossrl.core.envguard import EnvGuard, ParallelEnvGuard, VectorEnvGuard
 from crossrl.scenarios.loader import first_line, pettingzoo_module, register_suite, registered_spec
 from crossrl.scenarios.spec import EnvSpec, mapping_problems
 
@@ -74,21 +75,28 @@ class ChannelsLast(gym.ObservationWrapper):
         return np.ascontiguousarray(np.moveaxis(observation, 0, -1))
 
 
+def guard(env: gym.Env, spec: EnvSpec) -> gym.Env:
+    """The user's env inside crossrl's :class:`~crossrl.core.envguard.EnvGuard` (every engine steps it through one)."""
+    return EnvGuard(env, env_id=spec.id, nonfinite=spec.nonfinite)
+
+
 def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:
-    """One env as the spec describes it: its preprocessing (``EnvSpec.preprocessing``), then the latency
-    wrapper when ``step_latency_ms`` > 0. Pixel envs give uint8 frames [H, W, C]."""
+    """One env as the spec describes it: the env inside crossrl's env guard (:mod:`crossrl.core.envguard`: an
+    exception, a non-finite value or an observation outside its space is an :class:`EnvFault`), its preprocessing
+    (``EnvSpec.preprocessing``), then the latency wrapper when ``step_latency_ms`` > 0. Pixel envs give uint8
+    frames [H, W, C]."""
     register_suite(spec.id)
     kwargs = {**spec.kwargs, **overrides}
     kind = spec.resolved_preprocessing
     if kind == "atari":
         # AtariPreprocessing skips frames itself (max-pooling the last two), so the env must not.
-        env = gym.make(spec.id, **{"frameskip": 1, **kwargs})
+        env = guard(gym.make(spec.id, **{"frameskip": 1, **kwargs}), spec)
         env = gym.wrappers.AtariPreprocessing(
             env, noop_max=30, frame_skip=4, screen_size=84, terminal_on_life_loss=False, grayscale_obs=True
         )
         env = ChannelsLast(gym.wrappers.FrameStackObservation(env, ATARI_FRAME_STACK))
     else:
-        env = gym.make(spec.id, **kwargs)
+        env = guard(gym.make(spec.id, **kwargs), spec)
         if kind == "minatar":
             env = MinAtarFrames(env)
     if spec.step_latency_ms > 0:
@@ -113,7 +121,11 @@ def make_parallel_env(spec: EnvSpec, **overrides: Any) -> Any:
     """One multi-agent env (``spec.agents`` set): the PettingZoo module's ``parallel_env(**kwargs)``, then the
     latency wrapper when ``step_latency_ms`` > 0. Its agents are ``possible_agents``; per agent ``a``,
     ``observation_space(a)`` and ``action_space(a)``."""
-    env = pettingzoo_module(spec.id).parallel_env(**{**spec.kwargs, **overrides})
+    env = ParallelEnvGuard(
+        pettingzoo_module(spec.id).parallel_env(**{**spec.kwargs, **overrides}),
+        env_id=spec.id,
+        nonfinite=spec.nonfinite,
+    )
     return ParallelStepLatency(env, spec.step_latency_ms) if spec.step_latency_ms > 0 else env
 
 
@@ -182,7 +194,8 @@ def make_vector_env(spec: EnvSpec, num_envs: int) -> gym.vector.VectorEnv:
     cost ~9 us of CPU per step, a tenth of a latency worker's CPU per step in ``crossrl bench scaling``).
     """
     if _native_vector(spec):
-        return gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.kwargs)
+        vec = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.kwargs)
+        return VectorEnvGuard(vec, env_id=spec.id, nonfinite=spec.nonfinite)
     return SerialVectorEnv([lambda: make_env(spec) for _ in range(num_envs)])
 
 

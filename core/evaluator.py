@@ -288,6 +288,10 @@ def weights_payload(weights: dict[str, np.ndarray], copies: int) -> bytes | ray.
     return ray.put(weights)
 
 
+class WorkerRestartsExceeded(RuntimeError):
+    """A sampling worker died once too often (``max_restarts``), or again right after its restart (a crash loop)."""
+
+
 class EvaluatorSet:
     """The driver's local evaluator plus ``num_remote`` evaluator actors, with dead-actor replacement.
 
@@ -314,6 +318,7 @@ class EvaluatorSet:
         local_num_envs: int = 1,
         evaluator_cls: type[PolicyEvaluator] = PolicyEvaluator,
         transport: str = tx.DEFAULT_TRANSPORT,
+        max_restarts: int | None = None,
     ) -> None:
         if env_spec.multi_agent and evaluator_cls is PolicyEvaluator:
             raise TypeError(
@@ -327,7 +332,9 @@ class EvaluatorSet:
         self.seed = seed
         self.remote_num_cpus = remote_num_cpus
         self.worker_restarts = 0
+        self.max_restarts = max_restarts
         self._restarts_of = [0] * num_remote
+        self._fresh = [False] * num_remote  # restarted and not yet delivered a fragment
         self._remote_cls = remote_class(evaluator_cls)
         self.local = evaluator_cls(
             env_spec=env_spec, num_envs=local_num_envs, policy_factory=policy_factory, seed=seed, worker_index=0
@@ -381,6 +388,15 @@ class EvaluatorSet:
         """Replace remote ``i`` (dead or hung) with a fresh actor carrying the current weights; counted.
 
         On the stream the new actor connects at its next :meth:`launch`."""
+        if self.max_restarts is not None and self.worker_restarts >= self.max_restarts:
+            raise WorkerRestartsExceeded(
+                f"evaluator {i + 1} died after {self.worker_restarts} sampling-worker restarts "
+                f"(budget.max_worker_restarts: {self.max_restarts})"
+            )
+        if self._fresh[i]:
+            raise WorkerRestartsExceeded(
+                f"crash loop: evaluator {i + 1} died again after its restart before it sampled anything"
+            )
         log.warning("evaluator %d died; restarting it", i + 1)
         try:
             ray.kill(self.remotes[i], no_restart=True)
@@ -388,6 +404,7 @@ class EvaluatorSet:
             pass
         self._restarts_of[i] += 1
         self.worker_restarts += 1
+        self._fresh[i] = True
         actor = self._make(i)
         actor.set_weights.remote(ray.put(self.local.get_weights()), self.weights_version)
         self.remotes[i] = actor
@@ -430,6 +447,17 @@ class EvaluatorSet:
     def ready(self, timeout: float | None = None) -> list[tuple[int, SampleBatch | None]]:
         """Every fragment that has arrived (waits for at least one unless ``timeout`` passes), as
         ``(remote index, batch)``; ``(i, None)`` for a remote that died (its fragments are dropped)."""
+        out = self._ready(timeout)
+        for i, batch in out:
+            if batch is not None:
+                self.delivered(i)
+        return out
+
+    def delivered(self, i: int) -> None:
+        """Remote ``i`` answered with work since its last restart: a later death of it is no crash loop."""
+        self._fresh[i] = False
+
+    def _ready(self, timeout: float | None) -> list[tuple[int, SampleBatch | None]]:
         if self._lost:
             lost, self._lost = self._lost, []
             return [(i, None) for i in dict.fromkeys(lost)]
@@ -478,13 +506,17 @@ class EvaluatorSet:
         ``indices[j]`` is the remote that produced ``refs[j]`` (default: ``j``).
         """
         try:
-            return list(ray.get(list(refs)))  # one call for all: the common case, no actor died
+            got = list(ray.get(list(refs)))  # one call for all: the common case, no actor died
+            for j in range(len(refs)):
+                self.delivered(indices[j] if indices is not None else j)
+            return got
         except RayActorError:
             pass
         out = []
         for j, ref in enumerate(refs):
             try:
                 out.append(ray.get(ref))
+                self.delivered(indices[j] if indices is not None else j)
             except RayActorError:
                 self.restart(indices[j] if indices is not None else j)
         return out

@@ -1,11 +1,14 @@
 """The raw limit: how fast gymnasium itself steps the scenario's envs with random actions.
 
 Measured in the same run as the engines (DESIGN.md, "Measuring speed"), so that throughput can be
-quoted as a ratio to it and a slower machine is not mistaken for a slower engine.
+quoted as a ratio to it and a slower machine is not mistaken for a slower engine. The runner measures it in a
+child process of its own (``python -m crossrl.core.rawspeed``, :func:`main`) with a time limit: the user's env may
+hang or crash there, and that must cost seconds, never the run.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 from crossrl.core.envs import make_parallel_env, make_vector_env
@@ -71,3 +74,20 @@ def _parallel_env_steps_per_s(spec: EnvSpec, *, num_envs: int, seconds: float, s
     finally:
         for env in envs:
             env.close()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m crossrl.core.rawspeed NUM_ENVS SECONDS`` with the EnvSpec's JSON on stdin: prints env steps per
+    second on stdout; an env that fails prints its error on stderr (one line) and exits 1."""
+    spec = EnvSpec.model_validate_json(sys.stdin.read())
+    try:
+        speed = raw_env_steps_per_s(spec, num_envs=int(argv[1]), seconds=float(argv[2]))
+    except Exception as e:  # the user's env: its problem in one line, for the run's tag
+        print(f"{type(e).__name__}: {' '.join(str(e).split())}"[:500], file=sys.stderr, flush=True)
+        return 1
+    print(repr(speed), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

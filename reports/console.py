@@ -46,6 +46,8 @@ class RunDisplay:
                 f"[bold]{self.spec.name}[/bold]: {self._total} trials, fingerprint {self.spec.fingerprint()}, "
                 f"parent run {payload['parent_id']}"
             )
+        elif name == "warning":
+            self.console.print(f"[yellow]{payload['trial'].name}: {payload['message']}[/yellow]")
         elif name == "store_warning":
             self.console.print(f"[yellow]store: {payload['message']}[/yellow]")
         elif name == "trial_start":
@@ -98,7 +100,7 @@ class RunDisplay:
                 _fmt(s.get(M.STEPS_TO_TARGET), ",.0f") if r.trial.target_return is not None else "no target",
                 _fmt(r.median_throughput, ",.0f"),
                 f"{r.wall_s:.1f}",
-                r.reason[:80],
+                r.reason[:400],  # wrapped by the table: a fault's reason names what, where and when
             )
         self.console.print(table)
         if outcome.unsent:  # the caller says what is missing and how to send it

@@ -102,6 +102,13 @@ class EnvSpec(BaseModel):
     step_latency_ms: float = Field(
         default=0.0, ge=0, le=10_000, description="wall time added per env step (sleep: costs time, not CPU)"
     )
+    nonfinite: Literal["error", "warn"] = Field(
+        default="error",
+        description=(
+            "a NaN or infinite reward or observation from the env: 'error' (the default) ends the trial FAILED naming "
+            "the value, where it was and the env step; 'warn' lets it through with one warning line per env copy"
+        ),
+    )
 
     @property
     def resolved_reward_clip(self) -> bool:
@@ -381,6 +388,8 @@ class ExecutionSpec(BaseModel):
 
 
 TRAIN_SECONDS_SLACK = 600.0  # wall_seconds past train_seconds when a time-budgeted spec leaves it out
+DEFAULT_STALL_SECONDS = 120.0
+DEFAULT_MAX_WORKER_RESTARTS = 10
 
 
 class BudgetSpec(BaseModel):
@@ -411,6 +420,23 @@ class BudgetSpec(BaseModel):
     stop_at_target: bool = Field(
         default=False,
         description="end a trial at its first point whose episode_return_mean reaches target.episode_return_mean",
+    )
+    stall_seconds: float = Field(
+        default=DEFAULT_STALL_SECONDS,
+        gt=0,
+        description=(
+            "the stall watchdog: once the engine's set-up is done, a trial in which no env step happens anywhere for "
+            f"this long ends FAILED 'no env step for N s', with its processes' Python stacks (default "
+            f"{DEFAULT_STALL_SECONDS:g}; a learning phase that takes longer than this without sampling needs more)"
+        ),
+    )
+    max_worker_restarts: int = Field(
+        default=DEFAULT_MAX_WORKER_RESTARTS,
+        ge=0,
+        description=(
+            "how many times a trial may restart a sampling worker whose process died (crossrl's core and RLlib "
+            f"restart them; TorchRL does not): past it the trial ends FAILED (default {DEFAULT_MAX_WORKER_RESTARTS})"
+        ),
     )
 
     @model_validator(mode="before")
@@ -539,6 +565,12 @@ class ScenarioSpec(BaseModel):
             data["budget"].pop("stop_at_target")
         if self.budget.train_seconds is None:  # likewise
             data["budget"].pop("train_seconds")
+        # How a trial fails (the stall watchdog, the restart bound, the non-finite switch at its default) is no
+        # condition of what it measures.
+        data["budget"].pop("stall_seconds")
+        data["budget"].pop("max_worker_restarts")
+        if self.env.nonfinite == "error":
+            data["env"].pop("nonfinite")
         # Likewise the pixel fields: the preprocessing as resolved (a null one and the one it resolves to
         # are the same conditions), left out when it is "none"; the conv stack left out when empty.
         data["env"].pop("preprocessing")

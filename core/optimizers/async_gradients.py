@@ -57,6 +57,7 @@ class AsyncGradientsOptimizer(PolicyOptimizer):
                 self.evaluators.restart(i)  # its gradient is lost, never counted
                 self._launch(i)
                 continue
+            self.evaluators.delivered(i)
             stats.add_episodes(meta)
             with self.timer(M.TIME_LEARN_S):
                 self.evaluators.local.policy.apply_gradients(grads)
