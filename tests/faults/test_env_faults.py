@@ -34,7 +34,7 @@ EXPECTED = {
     "raise": ["raised RuntimeError", "the simulator crashed", "in step()", "at env step"],
     "nan": ["non-finite reward (nan)", "at env step"],
     "shape": ["observation of shape (5,)", "declares shape (4,)", "at env step"],
-    "hang": [f"no env step for", f"stall_seconds: {STALL_S}"],
+    "hang": ["no env step for", f"stall_seconds: {STALL_S}"],
 }
 
 
