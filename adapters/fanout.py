@@ -18,6 +18,7 @@ that did not end. Each trial is tagged with its node and the trials that ran on 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import shutil
@@ -68,7 +69,7 @@ class _QueueSink(MetricSink):
 
 
 def _verdict_message(verdict: Verdict) -> dict[str, Any]:
-    return {"kind": "error", "error": verdict.reason, "traceback": verdict.detail, "artifact": verdict.name}
+    return {"kind": "verdict", **dataclasses.asdict(verdict)}
 
 
 class TrialHost:

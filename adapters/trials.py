@@ -18,6 +18,7 @@ from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
+FAULT_TIME_TAG = "fault.time"  # unix time of an env fault, or of the last env step before a stall
 FLUSH_EVERY_S = 5.0  # buffered points reach the store at least this often
 FLUSH_EVERY_POINTS = 200
 
@@ -101,6 +102,8 @@ class TrialRecorder:
             self.store.log_native_config(self.run_id, msg["config"])
         elif kind == "artifact":
             self.log_artifact(str(msg["name"]), base64.b64decode(msg["data"]))
+        elif kind == "verdict":  # a sweep's host ended the trial for an env fault or a stall (crossrl.adapters.watch)
+            self.failed(Verdict(**{k: v for k, v in msg.items() if k != "kind"}))
         elif kind == "warning":
             self.warn([str(msg["message"])])
         elif kind == "error":
@@ -112,6 +115,8 @@ class TrialRecorder:
         """The trial ends FAILED for ``verdict`` (an env fault, a stall): its reason, and its detail as an artifact."""
         self.result.status, self.result.reason = M.FAILED, verdict.reason
         self.error = {"error": verdict.reason, "traceback": verdict.detail, "artifact": verdict.name}
+        if verdict.at is not None:  # how long the trial ran on after it broke: its end time minus this
+            self.store.set_tags(self.run_id, {FAULT_TIME_TAG: f"{verdict.at:.3f}"}, what="fault time")
 
     def warn(self, messages: list[str]) -> None:
         """Warnings from the trial's envs (``env.nonfinite: warn``): the first one as the run's ``env.warning`` tag."""

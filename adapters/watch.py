@@ -35,6 +35,7 @@ class Verdict:
     detail: str
     name: str  # the artifact's file name
     env_step: int | None = None
+    at: float | None = None  # when it happened (unix time): the fault, or the last env step before a stall
 
 
 class TrialWatch:
@@ -71,6 +72,7 @@ class TrialWatch:
             detail=str(first.get("traceback", "")),
             name="traceback.txt",
             env_step=first.get("env_step"),
+            at=float(first["time"]) if "time" in first else None,
         )
 
     def last_step_at(self) -> float | None:
@@ -99,6 +101,7 @@ class TrialWatch:
             "processes' Python stacks are in the trial's stacks.txt",
             detail=self.stacks(),
             name="stacks.txt",
+            at=last,
         )
 
     def check(self) -> Verdict | None:

@@ -35,6 +35,13 @@ def connect(address: str | None, *, num_cpus: int | None = None, **kwargs: Any) 
 
     if not ray.is_initialized():
         if address:
+            # The env guard's watch folder (crossrl.core.envguard) for the workers of this job: a cluster started
+            # elsewhere does not pass this process's environment on to them.
+            from crossrl.core.envguard import WATCH_DIR_ENV
+
+            watch = os.environ.get(WATCH_DIR_ENV)
+            if watch and "runtime_env" not in kwargs:
+                kwargs["runtime_env"] = {"env_vars": {WATCH_DIR_ENV: watch}}
             ray.init(address=address, log_to_driver=False, **kwargs)
         else:
             ray.init(

@@ -89,7 +89,7 @@ def _trials(results: Path, scenario: str) -> dict[str, dict[str, str]]:
     assert exp is not None
     runs = client.search_runs([exp.experiment_id], max_results=100)
     return {
-        str(r.info.run_name): {**r.data.tags, "run_id": r.info.run_id}
+        str(r.info.run_name): {**r.data.tags, "run_id": r.info.run_id, "end_time": str(r.info.end_time / 1000)}
         for r in runs
         if r.data.tags.get("crossrl.kind") != "parent"
     }
@@ -117,6 +117,9 @@ def test_a_broken_env_fails_its_trial_on_every_engine(fault: str, tmp_path: Path
         assert tags["status"] == "FAILED", (name, tags["status"], tags.get("reason"))
         for words in EXPECTED[fault]:
             assert words in tags["reason"], (name, tags["reason"])
+        # ended within 60 s of the fault; a hang within stall_seconds + 30 s of the last env step
+        late = float(tags["end_time"]) - float(tags["fault.time"])
+        assert 0 <= late < (STALL_S + 30 if fault == "hang" else 60), (name, late)
         artifact = "stacks.txt" if fault == "hang" else "traceback.txt"
         text = Path(store.client.download_artifacts(tags["run_id"], artifact)).read_text()
         if fault == "hang":  # the worker stuck in the env's step, by its Python stack

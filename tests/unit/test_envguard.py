@@ -271,3 +271,19 @@ def test_the_raw_speed_probe_ends_a_hanging_env_and_reports_a_crashing_one(monke
     assert speed == 0 and "EnvFault" in problem and "the simulator crashed" in problem
     speed, problem = raw_speed_probe(EnvSpec(id="CartPole-v1"), num_envs=2, seconds=0.2)
     assert speed > 0 and problem == ""
+
+
+def test_rllib_nan_losses_reach_the_sink_and_fail_the_trial() -> None:
+    """RLlib's result translation keeps a NaN loss (it used to drop non-finite values, hiding divergence)."""
+    pytest.importorskip("ray.rllib")
+    from crossrl.adapters.rllib import result_to_point
+
+    result = {
+        "env_runners": {"num_env_steps_sampled_lifetime": 512},
+        "learners": {"default_policy": {"policy_loss": 0.1, "vf_loss": math.nan, "entropy": 0.6}},
+    }
+    point = result_to_point(result, algorithm="ppo")
+    assert math.isnan(point["values"][M.VALUE_LOSS])
+    sink = _sink()
+    with pytest.raises(TrainingDiverged, match="iteration 1: value_loss is nan"):
+        sink.point(**point)
