@@ -95,6 +95,20 @@ def test_killed_evaluator_is_restarted_and_the_run_finishes(transport: str) -> N
     assert points[-1][M.ENV_STEPS_SAMPLED] >= 4000
 
 
+def test_restarts_past_the_budget_fail_the_trial() -> None:
+    """budget.max_worker_restarts: 0: the first dead evaluator ends the trial, named, instead of a restart."""
+    from crossrl.core.evaluator import WorkerRestartsExceeded
+
+    def kill_one(iteration: int, evaluators: Any) -> None:
+        if iteration == 1:
+            kill_and_wait(evaluators.remotes[0])
+
+    trial = make_trial("ppo", env_steps=4000, train_batch=800, minibatch=400, epochs=1)
+    trial = trial.model_copy(update={"budget": trial.budget.model_copy(update={"max_worker_restarts": 0})})
+    with pytest.raises(WorkerRestartsExceeded, match=r"evaluator 1 died after 0 sampling-worker restarts"):
+        run(trial, CrossrlAdapter(on_iteration=kill_one))
+
+
 @pytest.mark.parametrize("transport", ["stream", "calls"])
 def test_killed_evaluator_under_async_sampling_is_restarted(transport: str) -> None:
     """IMPALA: the dead actor's in-flight sample is dropped, the actor replaced, the run finishes."""

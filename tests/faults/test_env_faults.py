@@ -151,3 +151,33 @@ def test_an_env_that_hangs_from_its_first_steps_costs_the_probe_its_limit_not_th
     assert "raw-speed probe within" in parent.data.tags["raw_speed_error.0"]
     assert "raw_speed_error.1" not in parent.data.tags  # not probed a second time
     _no_process_left(mark)
+
+
+@pytest.mark.integration
+def test_a_sweep_fanned_out_over_ray_fails_a_broken_env_trial_from_its_host(tmp_path: Path) -> None:
+    """`--parallel 2` runs each trial in a Ray actor (crossrl.adapters.fanout): the host watches its trial's env guard
+    folder as the runner does, so RLlib's trial ends FAILED with the env's error instead of restarting its env runner."""
+    results, mark = tmp_path / "results", uuid.uuid4().hex
+    spec = _spec(tmp_path, "raise", engines=["crossrl", "rllib"], kwargs={"after_s": 5})
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")])),
+        "CROSSRL_TEST_MARK": mark,
+    }
+    proc = subprocess.run(
+        [*CLI, "run", str(spec), "--results-dir", str(results), "--no-report", "--parallel", "2"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    trials = _trials(results, "env-fault-raise")
+    assert sorted(trials) == ["crossrl-ppo-w1-s0", "rllib-ppo-w1-s0"]
+    for name, tags in trials.items():
+        assert tags["status"] == "FAILED", (name, tags.get("reason"))
+        for words in EXPECTED["raise"]:
+            assert words in tags["reason"], (name, tags["reason"])
+        assert float(tags["end_time"]) - float(tags["fault.time"]) < 60, name
+    _no_process_left(mark)
