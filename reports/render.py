@@ -24,10 +24,12 @@ import pandas as pd
 import yaml
 
 from crossrl.reports import stats as S
+from crossrl.reports import verdict as V
 from crossrl.reports.figures import Figure, make_figures
 
 SCHEMA_VERSION = 1
 DASH = "—"
+FIGURES_DIR = "figures"  # beside report.md: the figures as SVG files
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,7 @@ def _ci(lo: Any, hi: Any, fmt: str, n: int) -> str:
     return f"{DASH} ({n} seed{'s' if n != 1 else ''})"
 
 
-def _tables(st: S.ReportStats) -> list[Table]:
+def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None) -> list[Table]:
     tables = [
         Table(
             "final-return",
@@ -104,7 +106,8 @@ def _tables(st: S.ReportStats) -> list[Table]:
                     for r in st.return_at_wall.itertuples()
                 ],
                 "Each trial's mean return over the episodes it completed in the last 10 % of the shortest training "
-                "wall time among the trials (the same time for every engine); IQM over seeds, stratified bootstrap CI.",
+                "wall time among the trials (the same time for every engine); IQM over seeds, stratified bootstrap CI."
+                + "".join(f" {line}." for line in (V.missing_at_wall(st, trials) if trials is not None else [])),
             )
         )
     if not st.agent_return.empty:
@@ -168,15 +171,16 @@ def _tables(st: S.ReportStats) -> list[Table]:
             " † Some trials ran beside other trials of the sweep on the same node (`crossrl run --parallel`): "
             "their speed was contended; run with `--parallel 1` to compare speed."
         )
-    tables.append(
-        Table(
-            "throughput",
-            "Sampling throughput and scaling",
-            ["engine", "workers", "seeds", "env steps/s", "min – max", "speedup", "efficiency", "vs workers"],
-            rows,
-            note,
+    headers = ["engine", "workers", "seeds", "env steps/s", "min – max", "speedup", "efficiency", "vs workers"]
+    title = "Sampling throughput and scaling"
+    if V.single_worker_count(st):  # one worker count per engine: a speedup of 1.00x would mean nothing
+        headers, rows, title = headers[:5], [r[:5] for r in rows], "Sampling throughput"
+        note = (
+            "Median over iterations per trial, then median over seeds. Each engine ran one worker count, so "
+            "there is no scaling to show (give execution.workers several counts)."
+            + note.partition("smallest worker count; efficiency = speedup / (workers / that count).")[2]
         )
-    )
+    tables.append(Table("throughput", title, headers, rows, note))
     tables.append(
         Table(
             "improvement",
@@ -193,7 +197,13 @@ def _tables(st: S.ReportStats) -> list[Table]:
                 ]
                 for r in st.improvement.itertuples()
             ],
-            "P(X > Y) over all pairs of seeds (ties count one half), as rliable; 0.5 means no difference.",
+            "P(X > Y) over all pairs of seeds (ties count one half), as rliable; 0.5 means no difference."
+            + (
+                " One seed per engine: each P(X > Y) compares a single pair of trials and supports no conclusion "
+                "(run more seeds)."
+                if not st.improvement.empty and int(st.improvement[["n_x", "n_y"]].min().min()) < 2
+                else ""
+            ),
             frozenset({1, 2}),
         )
     )
@@ -413,14 +423,24 @@ def md_cell(s: str) -> str:
     return s if len(s) <= 240 else s[:239] + "…"
 
 
-def _markdown(doc: Mapping[str, Any], tables: Sequence[Table], clips: Sequence[Clip] = ()) -> str:
+def _markdown(
+    doc: Mapping[str, Any], tables: Sequence[Table], clips: Sequence[Clip] = (), figures: Sequence[Figure] = ()
+) -> str:
     lines = [
         f"# crossrl report: {doc['scenario']}",
         "",
         f"Spec fingerprint `{doc['fingerprint']}` · parent run `{doc['parent_run_id']}` · {doc['created']} · "
         + ", ".join(f"{n} {s}" for s, n in doc["trials"]["by_status"].items()),
         "",
+        "## Verdict",
+        "",
+        *(f"- {md_cell(line)}" for line in doc["verdict"]),
+        "",
     ]
+    if figures:
+        lines += ["## Figures", ""]
+        lines += [f"![{f.title}]({FIGURES_DIR}/{f.key}.svg)  \n_{md_cell(f.caption)}_" for f in figures]
+        lines.append("")
     for t in tables:
         lines += [f"## {t.title}", ""]
         if t.rows:
@@ -431,9 +451,10 @@ def _markdown(doc: Mapping[str, Any], tables: Sequence[Table], clips: Sequence[C
         if t.note:
             lines += [f"_{t.note}_", ""]
     lines += _clips_markdown(clips)
+    lines += ["## Definitions", "", *(f"- **{term}**: {text}" for term, text in V.DEFINITIONS), ""]
     lines += ["## Machine and versions", "", *_env_lines(doc), ""]
-    spec = yaml.safe_dump(doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)\n"
-    lines += ["<details><summary>Spec</summary>", "", "```yaml", spec.rstrip(), "```", "", "</details>", ""]
+    spec = yaml.safe_dump(doc.get("resolved_spec") or doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)\n"
+    lines += ["<details><summary>Spec (defaults resolved)</summary>", "", "```yaml", spec.rstrip(), "```", "", "</details>", ""]
     return "\n".join(lines)
 
 
@@ -456,7 +477,8 @@ vertical-align:top}th{background:#f2f4f7}.num{text-align:right;font-variant-nume
 .text{text-align:left;max-width:560px;white-space:pre-wrap;overflow-wrap:anywhere}.note{color:#555;font-size:12px}
 figure{margin:16px 0}figure svg{max-width:100%;height:auto}figcaption{color:#444;font-size:12px}
 .bad{color:#a40000}.clips{display:flex;flex-wrap:wrap;gap:12px 24px}.clip{margin:8px 0}
-.clip h3{margin:0 0 4px;font-size:14px}.clip img{display:block;image-rendering:pixelated;border:1px solid #ddd}
+.clip h3{margin:0 0 4px;font-size:14px}#verdict li{margin:2px 0}.defs dt{font-weight:600}
+.defs dd{margin:0 0 6px 16px;color:#333}.clip img{display:block;image-rendering:pixelated;border:1px solid #ddd}
 """
 
 
@@ -490,7 +512,7 @@ def _html(
         f"<figcaption>{esc(f.caption)}</figcaption></figure>"
         for f in figures
     )
-    spec = yaml.safe_dump(doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)"
+    spec = yaml.safe_dump(doc.get("resolved_spec") or doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)"
     env = "".join(f"<li>{esc(line[2:].replace('`', ''))}</li>" for line in _env_lines(doc))
     parts = [
         f"<h1>crossrl report: {esc(doc['scenario'])}</h1>",
@@ -498,13 +520,19 @@ def _html(
         f"<code>{esc(doc['parent_run_id'])}</code> · {esc(doc['created'])} · {esc(by_status)}</p>",
         f'<p class="meta">command: <code>{esc(doc["command"])}</code></p>' if doc["command"] else "",
         mixed,
+        '<section id="verdict"><h2>Verdict</h2><ul>'
+        + "".join(f"<li>{esc(line)}</li>" for line in doc["verdict"])
+        + "</ul></section>",
         html_table(tables[0]),
         "<h2>Figures</h2>",
         figs,
         _clips_html(clips),
         *(html_table(t) for t in tables[1:]),
+        '<h2 id="definitions">Definitions</h2><dl class="defs">'
+        + "".join(f"<dt>{esc(term)}</dt><dd>{esc(text)}</dd>" for term, text in V.DEFINITIONS)
+        + "</dl>",
         f"<h2>Machine and versions</h2><ul>{env}</ul>",
-        f"<h2>Spec</h2><pre>{esc(spec)}</pre>",
+        f"<h2>Spec (defaults resolved)</h2><pre>{esc(spec)}</pre>",
     ]
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
@@ -539,8 +567,13 @@ def build_report(
     rng = np.random.default_rng(rng_seed)
     st = S.compute(trials=trials, points=points, rng=rng, grid_points=grid_points)
     doc = _document(st=st, trials=trials, meta=meta, rng_seed=rng_seed, grid_points=grid_points)
-    tables = _tables(st)
+    doc["verdict"] = V.verdict(st)
+    if doc.get("spec"):  # the spec as stored stays in doc["spec"] (crossrl regress compares it)
+        doc["resolved_spec"] = resolved_spec(doc["spec"])
+    tables = _tables(st, trials)
     figures = make_figures(st)
+    if V.single_worker_count(st):  # a one-point scaling chart says nothing
+        figures = [f for f in figures if f.key != "scaling"]
     clips = _clips(trials, meta, read_artifact)
     if clips:
         doc["clips"] = [
@@ -554,9 +587,27 @@ def build_report(
         (out_dir / c.file).write_bytes(c.data)
     paths = ReportPaths(out_dir / "report.html", out_dir / "report.md", out_dir / "report.json")
     paths.html.write_text(_html(doc, tables, figures, clips), encoding="utf-8")
-    paths.markdown.write_text(_markdown(doc, tables, clips), encoding="utf-8")
+    (out_dir / FIGURES_DIR).mkdir(exist_ok=True)
+    for f in figures:  # report.md shows them as files beside it
+        (out_dir / FIGURES_DIR / f"{f.key}.svg").write_text(f.svg, encoding="utf-8")
+    paths.markdown.write_text(_markdown(doc, tables, clips, figures), encoding="utf-8")
     paths.json.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n", encoding="utf-8")
     return paths
+
+
+def resolved_spec(spec: Mapping[str, Any]) -> Any:
+    """The stored spec with what it left to defaults resolved (hyperparameters, optimizer), so the report shows the
+    values every engine ran with instead of nulls; the spec as stored when it no longer validates."""
+    from crossrl.scenarios.spec import ScenarioSpec
+
+    try:
+        parsed = ScenarioSpec.model_validate(dict(spec))
+    except Exception:  # noqa: BLE001 - a spec of an older crossrl: shown as it was stored
+        return spec
+    out = parsed.model_dump(mode="json", exclude_none=True)
+    out["algorithm"]["hyperparams"] = parsed.algorithm.resolved_hyperparams()
+    out["execution"]["optimizer"] = parsed.optimizer
+    return out
 
 
 def load_report_json(path: Path) -> dict[str, Any]:

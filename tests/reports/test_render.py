@@ -164,8 +164,11 @@ def test_renders_degenerate_experiments(tmp_path: Path, kwargs: dict[str, Any], 
     doc = load_report_json(paths.json)
     page = paths.html.read_text()
     has_target = kwargs.get("target", 450.0) is not None
-    assert page.count("<svg ") == (5 if has_target else 4)
+    one_worker_count = len(kwargs.get("workers", (1, 2))) == 1  # no scaling figure: one point says nothing
+    assert page.count("<svg ") == (5 if has_target else 4) - one_worker_count
     assert ('id="fig-time-to-target"' in page) == has_target
+    assert ('id="fig-scaling"' in page) != one_worker_count
+    assert (">speedup</th>" in page) != one_worker_count
     assert len(doc["problems"]) == len(trials[trials.status != "FINISHED"])
     assert all(r["ci_low"] is None for r in doc["final_return"] if r["n_seeds"] < 2)
 

@@ -1,0 +1,197 @@
+"""The report's verdict: what a reader should take from a run, in plain sentences with their uncertainty.
+
+Computed from the same numbers as the tables (:class:`crossrl.reports.stats.ReportStats`), per worker count (engines
+are compared only at equal workers): the best final return and how sure that is (the probability of improvement
+over the runner-up and its CI), the fastest to the target in env steps and in seconds, the fastest sampler. With one
+seed per engine the sentence says that one seed supports no conclusion; where a measure cannot be read (no target,
+no engine reached it) the sentence says so instead of guessing.
+
+Also the definitions of every measure the report shows (:data:`DEFINITIONS`), written once for the HTML and
+Markdown outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from crossrl.reports import stats as S
+
+DEFINITIONS: tuple[tuple[str, str], ...] = (
+    (
+        "final return",
+        "a trial's mean episode return over the episodes it completed in the last 10 % of the env steps it sampled; "
+        "across seeds the interquartile mean (IQM) with a 95 % stratified-bootstrap CI",
+    ),
+    (
+        "steps to target",
+        "env steps sampled when the trial's mean episode return at an iteration first reached the target; the "
+        "median over seeds, a seed that never reached it counting as infinite",
+    ),
+    ("seconds to target", "the same, in seconds of training (the engine's set-up excluded)"),
+    (
+        "return after N s of training",
+        "each trial's mean return over the episodes it completed in the last 10 % of the same training time, the "
+        "shortest any counted trial trained",
+    ),
+    (
+        "sampling throughput",
+        "env steps sampled per second of an iteration (learning included), the median over a trial's iterations, "
+        "then over seeds",
+    ),
+    (
+        "speedup, efficiency",
+        "throughput against the engine's smallest worker count; efficiency = speedup / (ratio of workers)",
+    ),
+    (
+        "P(X > Y)",
+        "the probability that a seed of X ends with a higher final return than a seed of Y (all pairs, ties count "
+        "one half); 0.5 means no difference",
+    ),
+    ("counted trials", f"only trials that ended {S.COUNTED_STATUS}; the others are listed with their reasons"),
+)
+
+SURE = 0.5  # a CI of P(X > Y) that excludes 0.5 on one side: a difference the seeds support
+
+
+def _fmt(x: float, digits: str = ".1f") -> str:
+    return format(x, digits)
+
+
+def _steps(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _secs(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}" if x >= 10 else f"{x:.2f}"
+
+
+def _fin(x: Any) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _how_sure(st: S.ReportStats, workers: int, best: str, second: str) -> str:
+    rows = st.improvement[
+        (st.improvement["workers"] == workers)
+        & (
+            ((st.improvement["engine_x"] == best) & (st.improvement["engine_y"] == second))
+            | ((st.improvement["engine_x"] == second) & (st.improvement["engine_y"] == best))
+        )
+    ]
+    if rows.empty:
+        return ""
+    r = rows.iloc[0]
+    n = int(min(r["n_x"], r["n_y"]))
+    flip = r["engine_x"] != best
+    p = 1 - float(r["p"]) if flip else float(r["p"])
+    lo, hi = (1 - float(r["ci_high"]), 1 - float(r["ci_low"])) if flip else (float(r["ci_low"]), float(r["ci_high"]))
+    if n < 2:
+        return f"one seed per engine: no conclusion (P({best} > {second}) = {p:.2f} from a single pair)"
+    if not (_fin(lo) and _fin(hi)):
+        return f"P({best} > {second}) = {p:.2f}, no CI"
+    ci = f"P({best} > {second}) = {p:.2f}, 95% CI [{lo:.2f}, {hi:.2f}], {n} seeds"
+    if lo > SURE:
+        return f"{best} is ahead ({ci})"
+    return f"not a clear difference ({ci}: the CI includes 0.5)"
+
+
+def _final_return(st: S.ReportStats, workers: int) -> str | None:
+    fr = st.final_return[(st.final_return["workers"] == workers) & st.final_return["iqm"].notna()]
+    if fr.empty:
+        return None
+    fr = fr.sort_values("iqm", ascending=False)
+    best = fr.iloc[0]
+    parts = [f"{r.engine} {_fmt(r.iqm)}" for r in fr.itertuples()]
+    sentence = f"Best final return: {best['engine']} (IQM over seeds: {', '.join(parts)})"
+    if len(fr) > 1:
+        sure = _how_sure(st, workers, str(best["engine"]), str(fr.iloc[1]["engine"]))
+        if sure:
+            sentence += f"; {sure}"
+    return sentence + "."
+
+
+def _to_target(st: S.ReportStats, workers: int, column: str, unit: str, fmt: Any) -> str | None:
+    if not math.isfinite(st.target_return) or st.time_to_target.empty:
+        return None
+    tt = st.time_to_target[st.time_to_target["workers"] == workers]
+    if tt.empty:
+        return None
+    reached = tt[tt["median_reached"] & tt[column].notna()].sort_values(column)
+    what = f"the target ({st.target_return:g})"
+    if reached.empty:
+        return f"Fastest to {what} in {unit}: none: no engine's median seed reached it within the budget."
+    best = reached.iloc[0]
+    parts = [f"{r.engine} {fmt(getattr(r, column))} ({r.n_reached}/{r.n_seeds} seeds)" for r in reached.itertuples()]
+    missed = [f"{r.engine} ({r.n_reached}/{r.n_seeds} seeds)" for r in tt.itertuples() if not r.median_reached]
+    sentence = f"Fastest to {what} in {unit}: {best['engine']} (median {', '.join(parts)})"
+    if missed:
+        sentence += f"; its median seed did not reach it: {', '.join(missed)}"
+    if int(best["n_seeds"]) < 2:
+        sentence += "; one seed: no conclusion"
+    return sentence + "."
+
+
+def _sampler(st: S.ReportStats, workers: int) -> str | None:
+    tp = st.throughput[(st.throughput["workers"] == workers) & st.throughput["median"].notna()]
+    if len(tp) < 2:
+        return None
+    tp = tp.sort_values("median", ascending=False)
+    best, second = tp.iloc[0], tp.iloc[1]
+    parts = ", ".join(f"{r.engine} {r.median:,.0f}" for r in tp.itertuples())
+    ratio = float(best["median"]) / float(second["median"]) if float(second["median"]) > 0 else math.inf
+    shared = " (some trials shared a node with others of the sweep: contended speeds)" if tp["shared"].any() else ""
+    return f"Fastest sampler: {best['engine']}, {ratio:.1f}x {second['engine']} (median env steps/s: {parts}){shared}."
+
+
+def verdict(st: S.ReportStats) -> list[str]:
+    """The verdict's sentences, per worker count (prefixed by it when the run has several)."""
+    counted = sorted({int(w) for w in st.final_return["workers"]}) if not st.final_return.empty else []
+    out: list[str] = []
+    for workers in counted:
+        lines = [
+            _final_return(st, workers),
+            _to_target(st, workers, "median_steps", "env steps", _steps),
+            _to_target(st, workers, "median_wall_s", "seconds of training", lambda x: f"{_secs(x)} s"),
+            _sampler(st, workers),
+        ]
+        prefix = f"{workers} worker{'s' if workers != 1 else ''}: " if len(counted) > 1 else ""
+        out += [prefix + line for line in lines if line]
+    if not out:
+        out.append("No trial finished: nothing to compare (see the trials that did not finish, below).")
+    if not st.problems.empty:
+        out.append(
+            f"{len(st.problems)} trial{'s' if len(st.problems) != 1 else ''} did not finish and "
+            f"{'are' if len(st.problems) != 1 else 'is'} left out (reasons below)."
+        )
+    return out
+
+
+def single_worker_count(st: S.ReportStats) -> bool:
+    """True when no engine ran more than one worker count: speedup and scaling mean nothing then."""
+    if st.throughput.empty:
+        return True
+    return bool((st.throughput.groupby("engine")["workers"].nunique() <= 1).all())
+
+
+def missing_at_wall(st: S.ReportStats, trials: pd.DataFrame) -> list[str]:
+    """Engines with no seed in "Return after N s of training", each with why (their trials' status or too short)."""
+    if st.return_at_wall.empty:
+        return []
+    out = []
+    for r in st.return_at_wall.itertuples():
+        if int(r.n_seeds) > 0:
+            continue
+        rows = trials[(trials["engine"] == r.engine) & (trials["workers"] == r.workers)]
+        statuses = sorted({str(s) for s in rows["status"]})
+        why = (
+            f"its trials ended {', '.join(statuses)}"
+            if statuses and statuses != [S.COUNTED_STATUS]
+            else "no episode ended in that window (its iterations are longer than 10 % of the time)"
+        )
+        out.append(f"{r.engine} ({r.workers} workers): no seed: {why}")
+    return out

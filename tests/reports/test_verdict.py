@@ -1,0 +1,72 @@
+"""The report's verdict (reports/verdict.py): sentences that follow the numbers, and say when they mean nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from crossrl.reports import stats as S
+from crossrl.reports.render import build_report
+from crossrl.reports.verdict import DEFINITIONS, verdict
+
+
+def _stats(make_frames: Any, **kwargs: Any) -> S.ReportStats:
+    trials, points, _ = make_frames(n_points=15, **kwargs)
+    return S.compute(trials=trials, points=points, rng=np.random.default_rng(0), grid_points=50)
+
+
+def test_the_verdict_names_the_engine_each_table_ranks_first(make_frames: Any) -> None:
+    st = _stats(make_frames, workers=(2,), seeds=(0, 1, 2, 3, 4), failures=False)
+    lines = verdict(st)
+    best_return = st.final_return.sort_values("iqm", ascending=False).iloc[0]["engine"]
+    assert lines[0].startswith(f"Best final return: {best_return} (")
+    fastest = st.throughput.sort_values("median", ascending=False)
+    assert any(line.startswith(f"Fastest sampler: {fastest.iloc[0]['engine']}, ") for line in lines)
+    ratio = fastest.iloc[0]["median"] / fastest.iloc[1]["median"]
+    assert any(f"{ratio:.1f}x {fastest.iloc[1]['engine']}" in line for line in lines)
+    reached = st.time_to_target[st.time_to_target["median_reached"]].sort_values("median_steps")
+    if not reached.empty:
+        assert any(
+            line.startswith(f"Fastest to the target (450) in env steps: {reached.iloc[0]['engine']}") for line in lines
+        )
+    assert not any("no conclusion" in line for line in lines)  # five seeds
+
+
+def test_one_seed_supports_no_conclusion(make_frames: Any) -> None:
+    lines = verdict(_stats(make_frames, workers=(1,), seeds=(0,), failures=False))
+    assert "one seed per engine: no conclusion" in lines[0]
+
+
+def test_several_worker_counts_are_compared_apart_and_failures_are_counted(make_frames: Any) -> None:
+    st = _stats(make_frames, workers=(1, 2), seeds=(0, 1, 2))
+    lines = verdict(st)
+    assert any(line.startswith("1 worker: Best final return") for line in lines)
+    assert any(line.startswith("2 workers: Best final return") for line in lines)
+    assert lines[-1].startswith(f"{len(st.problems)} trials did not finish")
+
+
+def test_no_target_no_target_sentence_and_nothing_finished_says_so(make_frames: Any) -> None:
+    lines = verdict(_stats(make_frames, workers=(1,), seeds=(0, 1), target=None, failures=False))
+    assert not any("target" in line for line in lines)
+    trials, points, _ = make_frames(n_points=10, seeds=(0,))
+    trials["status"] = "FAILED"
+    st = S.compute(trials=trials, points=points, rng=np.random.default_rng(0), grid_points=50)
+    assert verdict(st)[0].startswith("No trial finished")
+
+
+def test_the_report_opens_with_the_verdict_and_defines_its_measures(tmp_path: Path, make_frames: Any) -> None:
+    trials, points, meta = make_frames(n_points=12, workers=(1,), seeds=(0,), failures=False)
+    paths = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path)
+    page, md = paths.html.read_text(), paths.markdown.read_text()
+    assert page.index('id="verdict"') < page.index('id="table-final-return"')
+    assert md.index("## Verdict") < md.index("## Final return")
+    assert "supports no conclusion" in md and "no conclusion" in page
+    for term, _ in DEFINITIONS:
+        assert f"**{term}**" in md
+    # report.md carries the figures as files beside it
+    figures = sorted(p.name for p in (tmp_path / "figures").iterdir())
+    assert figures and all(f"](figures/{name})" in md for name in figures)
+    # the spec is shown with its defaults resolved, not as nulls
+    assert "null" not in page.split("Spec (defaults resolved)")[1]
