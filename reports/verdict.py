@@ -91,7 +91,9 @@ def _how_sure(st: S.ReportStats, workers: int, best: str, second: str) -> str:
     p = 1 - float(r["p"]) if flip else float(r["p"])
     lo, hi = (1 - float(r["ci_high"]), 1 - float(r["ci_low"])) if flip else (float(r["ci_low"]), float(r["ci_high"]))
     if n < 2:
-        return f"one seed per engine: no conclusion (P({best} > {second}) = {p:.2f} from a single pair)"
+        fewer = best if int(r["n_x" if not flip else "n_y"]) < 2 else second
+        alone = "one seed per engine" if int(max(r["n_x"], r["n_y"])) < 2 else f"only one seed of {fewer}"
+        return f"{alone}: no conclusion (P({best} > {second}) = {p:.2f} from single pairs)"
     if not (_fin(lo) and _fin(hi)):
         return f"P({best} > {second}) = {p:.2f}, no CI"
     ci = f"P({best} > {second}) = {p:.2f}, 95% CI [{lo:.2f}, {hi:.2f}], {n} seeds"
@@ -130,7 +132,7 @@ def _to_target(st: S.ReportStats, workers: int, column: str, unit: str, fmt: Any
     missed = [f"{r.engine} ({r.n_reached}/{r.n_seeds} seeds)" for r in tt.itertuples() if not r.median_reached]
     sentence = f"Fastest to {what} in {unit}: {best['engine']} (median {', '.join(parts)})"
     if missed:
-        sentence += f"; its median seed did not reach it: {', '.join(missed)}"
+        sentence += f"; the median seed did not reach it for {', '.join(missed)}"
     if int(best["n_seeds"]) < 2:
         sentence += "; one seed: no conclusion"
     return sentence + "."

@@ -128,6 +128,13 @@ JSON.stringify([...document.querySelectorAll("figure.figure")].map(f => {
 """
 
 
+_VERDICT_CHECK = """
+JSON.stringify((() => { const v = document.querySelector("#verdict"); if (!v) return null;
+  const r = v.getBoundingClientRect();
+  return {text: v.innerText, x: r.left + window.scrollX, y: r.top + window.scrollY, w: r.width, h: r.height}; })())
+"""
+
+
 def _colour_pixels(img: np.ndarray, hex_colour: str, tol: int = 12) -> int:
     rgb = np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)])
     return int((np.abs(img[..., :3].astype(int) - rgb).max(axis=-1) <= tol).sum())
@@ -153,6 +160,11 @@ def check_report_in_chromium(html: Path, tmp_path: Path, *, engines: list[str]) 
         browser.wait_event("Page.loadEventFired")
         result = browser.send("Runtime.evaluate", {"expression": _FIGURE_CHECK, "returnByValue": True}, session=session)
         figures = json.loads(result["result"]["value"])
+        verdict = json.loads(
+            browser.send("Runtime.evaluate", {"expression": _VERDICT_CHECK, "returnByValue": True}, session=session)[
+                "result"
+            ]["value"]
+        )
         height = browser.send("Page.getLayoutMetrics", session=session)["cssContentSize"]["height"]
         shot = browser.send(
             "Page.captureScreenshot",
@@ -168,6 +180,15 @@ def check_report_in_chromium(html: Path, tmp_path: Path, *, engines: list[str]) 
     png = base64.b64decode(shot["data"])
     (tmp_path / "report.png").write_bytes(png)
     img = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+    # The verdict is what a reader sees first: on the first screen, laid out, with its sentences drawn.
+    assert verdict is not None, "the report has no verdict section"
+    assert verdict["y"] + verdict["h"] <= 900, f"the verdict is not on the first screen: {verdict}"
+    assert verdict["text"].startswith("Verdict") and "Best final return" in verdict["text"], verdict["text"]
+    box = img[
+        int(verdict["y"]) : int(verdict["y"] + verdict["h"]), int(verdict["x"]) : int(verdict["x"] + verdict["w"])
+    ]
+    assert (box.min(axis=-1) < 100).sum() > 500, "the verdict's text is not drawn (no dark pixels in its box)"
 
     ids = {f["id"] for f in figures}
     expected = {"fig-return-vs-steps", "fig-return-vs-wall", "fig-throughput", "fig-scaling", "fig-time-to-target"}
