@@ -1,0 +1,55 @@
+"""`crossrl init`'s commented spec (scenarios/template.py) and `crossrl runs`' listing (reports/runs.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from crossrl.adapters.registry import engine_ids
+from crossrl.adapters.runner import run_scenario
+from crossrl.reports.runs import past_runs
+from crossrl.reports.store import ResultsStore
+from crossrl.scenarios.catalog import ALGORITHMS
+from crossrl.scenarios.loader import validate
+from crossrl.scenarios.template import spec_template
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_the_template_validates_as_written_and_shows_every_default(algorithm: str) -> None:
+    text = spec_template(name="acrobot-try", env_id="Acrobot-v1", algorithm=algorithm)
+    assert text.count("#") > 10  # commented
+    raw = yaml.safe_load(text)
+    spec = validate(raw, label="acrobot-try.yaml")
+    assert spec.env.id == "Acrobot-v1" and spec.algorithm.name == algorithm
+    assert raw["algorithm"]["hyperparams"] == spec.algorithm.resolved_hyperparams()  # every value that will run
+
+
+def test_the_template_refuses_what_would_not_load() -> None:
+    with pytest.raises(ValueError, match="algorithm 'ppo2'"):
+        spec_template(name="x", env_id="CartPole-v1", algorithm="ppo2")
+    with pytest.raises(ValueError, match="name 'my spec'"):
+        spec_template(name="my spec", env_id="CartPole-v1")
+
+
+def test_past_runs_lists_each_run_newest_first(fault_engine: Path, results_dir: Path) -> None:
+    store = ResultsStore(None, results_dir=results_dir)
+    assert past_runs(store).empty
+    raw = {
+        "name": "listing",
+        "env": {"id": "CartPole-v1"},
+        "algorithm": {"name": "ppo"},
+        "engines": ["fault"],
+        "budget": {"env_steps": 300, "wall_seconds": 60},
+        "seeds": [0, 1],  # seed 1 raises: one FINISHED, one FAILED
+    }
+    spec = validate(raw, label="listing.yaml", engines=engine_ids())
+    first = run_scenario(spec, store=store)
+    second = run_scenario(spec.model_copy(update={"seeds": (0,)}), store=store)
+    runs = past_runs(store)
+    assert list(runs["parent run"]) == [second.parent_id, first.parent_id]
+    assert list(runs["scenario"]) == ["listing", "listing"]
+    assert runs.iloc[1]["trials"] == "1 FINISHED, 1 FAILED" and runs.iloc[0]["trials"] == "1 FINISHED"
+    assert set(runs["status"]) == {"FINISHED"} and set(runs["report"]) == {"-"}  # no report rendered here
+    assert past_runs(store, scenario="other").empty
