@@ -453,8 +453,21 @@ def _markdown(
     lines += _clips_markdown(clips)
     lines += ["## Definitions", "", *(f"- **{term}**: {text}" for term, text in V.DEFINITIONS), ""]
     lines += ["## Machine and versions", "", *_env_lines(doc), ""]
-    spec = yaml.safe_dump(doc.get("resolved_spec") or doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)\n"
-    lines += ["<details><summary>Spec (defaults resolved)</summary>", "", "```yaml", spec.rstrip(), "```", "", "</details>", ""]
+    spec = (
+        yaml.safe_dump(doc.get("resolved_spec") or doc["spec"], sort_keys=False)
+        if doc["spec"]
+        else "(spec not stored)\n"
+    )
+    lines += [
+        "<details><summary>Spec (defaults resolved)</summary>",
+        "",
+        "```yaml",
+        spec.rstrip(),
+        "```",
+        "",
+        "</details>",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -512,7 +525,9 @@ def _html(
         f"<figcaption>{esc(f.caption)}</figcaption></figure>"
         for f in figures
     )
-    spec = yaml.safe_dump(doc.get("resolved_spec") or doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)"
+    spec = (
+        yaml.safe_dump(doc.get("resolved_spec") or doc["spec"], sort_keys=False) if doc["spec"] else "(spec not stored)"
+    )
     env = "".join(f"<li>{esc(line[2:].replace('`', ''))}</li>" for line in _env_lines(doc))
     parts = [
         f"<h1>crossrl report: {esc(doc['scenario'])}</h1>",
