@@ -117,34 +117,72 @@ def _main(
 
 def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
     """The checked spec and its path; exit 2 with one line per problem, including an env that cannot be
-    built with the spec's kwargs (built once, as the engines build it, before anything runs or is stored)."""
-    from crossrl.adapters.registry import engine_ids
-    from crossrl.core.envs import env_problems
-    from crossrl.scenarios.loader import SpecError, load, spec_label
+    built with the spec's kwargs (built once, as the engines build it, before anything runs or is stored) and spaces
+    the algorithm or the model cannot take; warnings (hyperparameters the algorithm does not read) go to stderr."""
+    from crossrl.adapters.probes import validate_probes
+    from crossrl.scenarios.checks import check_scenario
 
-    try:
-        scenario, path = load(spec, overrides=overrides, engines=engine_ids())
-    except SpecError as e:
-        _fail(e.problems)
-    problems = env_problems(scenario.env)
-    if problems:
-        _fail([f"{spec_label(path)}: {problem}" for problem in problems])
-    return scenario, path
+    checked = check_scenario(spec, validate_probes(), overrides=overrides, trials=False)
+    for line in checked.warnings:
+        typer.echo(f"warning: {line}", err=True)
+    if checked.problems:
+        _fail(checked.problems)
+    return checked.spec, checked.path
 
 
 @app.command()
-def validate(spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")]) -> None:
-    """Check a scenario spec: fields, values, env id and kwargs (the env is built once), what each engine can run."""
-    from crossrl.adapters.registry import unsupported
+def validate(
+    spec: Annotated[str, typer.Argument(help="built-in scenario or table name, or a scenario or table YAML path")],
+    show: Annotated[
+        bool, typer.Option("--show", help="also print the resolved trials and each engine's resolved settings")
+    ] = False,
+) -> None:
+    """Check a scenario (or table) spec as `crossrl run` (`crossrl table run`) takes it, every problem in one pass:
+    fields, values, env id and kwargs (the env is built once), its spaces against the algorithm and the model,
+    batch sizes, what each engine can run (RLlib's own config checks too); exit 2 when something is wrong or no
+    trial can run. Nothing trains and no Ray starts."""
+    from crossrl.adapters.probes import validate_probes
+    from crossrl.scenarios.checks import check_scenario, check_table, show_lines
+    from crossrl.scenarios.table import is_table
 
-    scenario, path = _load(spec)
-    trials = scenario.trials()
-    bad = unsupported(trials)
-    typer.echo(f"{path}: ok, fingerprint {scenario.fingerprint()}, {len(trials)} trials")
-    for trial, reason in bad:
-        typer.echo(f"  unsupported: {trial.name}: {reason}")
-    if bad:
-        typer.echo("  (crossrl run refuses these unless --skip-unsupported records them as SKIPPED)")
+    probes = validate_probes()
+    table = is_table(spec)
+    checked = check_table(spec, probes) if table else check_scenario(spec, probes)
+    for line in checked.warnings:
+        typer.echo(f"warning: {line}", err=True)
+    if checked.problems:
+        _fail(checked.problems)
+    if not table:
+        scenario = checked.spec
+        typer.echo(f"{checked.path}: ok, fingerprint {scenario.fingerprint()}, {len(checked.trials)} trials")
+        _list_refused(checked, "  ", "crossrl run refuses these unless --skip-unsupported records them as SKIPPED")
+        if show:
+            for line in show_lines(checked, probes):
+                typer.echo(line)
+        return
+    cells = checked.cells
+    typer.echo(
+        f"{checked.path}: ok, table {checked.table.name}, {len(cells)} cell{'s' if len(cells) != 1 else ''} "
+        f"({len(checked.table.rows)} rows x {len(checked.table.columns)} columns), "
+        f"{sum(len(c.trials) for c in cells)} trials"
+    )
+    for cell in cells:
+        typer.echo(f"  {cell.spec.name}: fingerprint {cell.spec.fingerprint()}, {len(cell.trials)} trials")
+        _list_refused(cell, "    ", "crossrl table run records these as SKIPPED")
+        if show:
+            for line in show_lines(cell, probes):
+                typer.echo(f"    {line}")
+
+
+def _list_refused(checked: Any, indent: str, unsupported_note: str) -> None:
+    for trial, reason in checked.unsupported:
+        typer.echo(f"{indent}unsupported: {trial.name}: {reason}")
+    if checked.unsupported:
+        typer.echo(f"{indent}({unsupported_note})")
+    for trial, reason in checked.failing:
+        typer.echo(f"{indent}would fail: {trial.name}: {reason}")
+    if checked.failing:
+        typer.echo(f"{indent}(the engine refuses these once they start, so each would end FAILED)")
 
 
 @app.command("random-return")

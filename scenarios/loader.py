@@ -5,17 +5,20 @@ from __future__ import annotations
 import codecs
 import datetime
 import math
+import re
 import reprlib
-from collections.abc import Collection
+import types
+import typing
+from collections.abc import Collection, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from crossrl.scenarios.catalog import ENGINES
-from crossrl.scenarios.spec import ScenarioSpec
+from crossrl.scenarios.spec import NAME_PATTERN, ScenarioSpec, close_matches, cross_field_problems, suggest
 
 
 class SpecError(Exception):
@@ -65,14 +68,9 @@ def spec_label(path: Path) -> str:
     return _printable(path.name)
 
 
-def load(
-    name_or_path: str, *, overrides: dict[str, Any] | None = None, engines: Collection[str] = ENGINES
-) -> tuple[ScenarioSpec, Path]:
-    """Parse and validate a scenario; ``overrides`` maps dotted field paths to values (CLI flags).
-
-    ``engines`` are the engine ids a spec may name: the built-in ones, or the engine registry's
-    (``crossrl.adapters.registry.engine_ids()``, which adds ``CROSSRL_EXTRA_ENGINES``).
-    """
+def load_raw(name_or_path: str, *, overrides: dict[str, Any] | None = None) -> tuple[dict[str, Any], Path, str]:
+    """A spec file found (:func:`resolve`) and parsed, with ``overrides`` (dotted field paths -> values) applied:
+    the mapping, its path and its label (:func:`spec_label`); SpecError when it is not a mapping of fields."""
     path = resolve(name_or_path)
     label = spec_label(path)
     raw = read_yaml(path, label)
@@ -86,6 +84,18 @@ def load(
         )
     for dotted, value in (overrides or {}).items():
         _set_dotted(raw, dotted, value)
+    return raw, path, label
+
+
+def load(
+    name_or_path: str, *, overrides: dict[str, Any] | None = None, engines: Collection[str] = ENGINES
+) -> tuple[ScenarioSpec, Path]:
+    """Parse and validate a scenario; ``overrides`` maps dotted field paths to values (CLI flags).
+
+    ``engines`` are the engine ids a spec may name: the built-in ones, or the engine registry's
+    (``crossrl.adapters.registry.engine_ids()``, which adds ``CROSSRL_EXTRA_ENGINES``).
+    """
+    raw, path, label = load_raw(name_or_path, overrides=overrides)
     return validate(raw, label=label, engines=engines), path
 
 
@@ -95,57 +105,243 @@ def read_yaml(path: Path, label: str) -> Any:
     return _parse(_read_text(path, label), label)
 
 
-def validation_problems(err: ValidationError, label: str) -> list[str]:
-    """One line per problem of a pydantic error, each naming the file and the field."""
-    return [f"{label}: {line}" for e in err.errors() for line in _describe_lines(e)]
+def validation_problems(err: ValidationError, label: str, model: type[BaseModel] | None = None) -> list[str]:
+    """One line per problem of a pydantic error, each naming the file and the field; ``model`` (the class that was
+    validated) lets a misspelt field get the names it may have meant."""
+    errors = err.errors()
+    # A misspelt required field is one problem, not two: its "unknown field" line names it, its "missing" one goes.
+    missing = {tuple(e["loc"]) for e in errors if e["type"] == "missing"}
+    meant = {tuple(e["loc"]): _meant(e["loc"], model) for e in errors if e["type"] == "extra_forbidden"}
+    covered = {(*loc[:-1], name) for loc, names in meant.items() if len(names) == 1 for name in names} & missing
+    return [
+        f"{label}: {line}"
+        for e in errors
+        if not (e["type"] == "missing" and tuple(e["loc"]) in covered)
+        for line in _describe_lines(e, model)
+    ]
+
+
+# The sections of a scenario that spec.cross_field_problems checks against each other.
+_SECTIONS = ("env", "algorithm", "execution")
 
 
 def validate(raw: dict[str, Any], *, label: str, engines: Collection[str] = ENGINES) -> ScenarioSpec:
-    """Validate a parsed spec, collecting every problem (types, values, engine ids, env id) before raising."""
-    shape = _shape_problems(raw)
+    """Validate a parsed spec, collecting every problem (types, values, engine ids, env id, fields that contradict
+    each other) before raising."""
+    shape = shape_problems(raw)
     if shape:
-        raise SpecError(_capped([f"{label}: {line}" for line in shape], label))
+        raise SpecError(capped([f"{label}: {line}" for line in shape], label))
     try:
         spec = ScenarioSpec.model_validate(raw, context={"engines": tuple(engines)})
     except ValidationError as e:
-        problems = [f"{label}: {line}" for err in e.errors() for line in _describe_lines(err)]
-        env_problem = _env_problem(raw.get("env"), label)
+        problems = validation_problems(e, label, ScenarioSpec)
+        if any(err["loc"] for err in e.errors()):
+            # A field failed, so the checks across sections did not run: run those whose sections are fine alone.
+            failed = {err["loc"][0] for err in e.errors() if err["loc"]}
+            parts = {key: part for key in _SECTIONS if key not in failed if (part := section(raw, key)) is not None}
+            problems += [f"{label}: {line}" for line in cross_field_problems(**parts)]
+        env_problem = env_id_problem(raw.get("env"), label)
         if env_problem:
             problems.append(env_problem)
-        raise SpecError(_capped(problems, label)) from None
-    env_problem = _env_problem(spec.env.model_dump(), label)
+        raise SpecError(capped(problems, label)) from None
+    env_problem = env_id_problem(spec.env.model_dump(), label)
     if env_problem:
         raise SpecError([env_problem])
     return spec
 
 
-def _describe_lines(err: Any) -> list[str]:
+def section(raw: dict[str, Any], key: str) -> Any:
+    """One section of a parsed scenario (``env``, ``algorithm``, ...) validated on its own (its default when the spec
+    leaves it out), or None when it does not validate."""
+    field = ScenarioSpec.model_fields[key]
+    cls = _model_in(field.annotation)
+    if cls is None:
+        return None
+    if key not in raw:
+        return None if field.is_required() else field.get_default(call_default_factory=True)
+    try:
+        return cls.model_validate(raw[key])
+    except ValidationError:
+        return None
+
+
+def _describe_lines(err: Any, model: type[BaseModel] | None = None) -> list[str]:
     """:func:`_describe`, one line per problem: a validator may report several, one per line of its message."""
     msg = err["msg"]
     if err["type"] != "value_error" or "\n" not in msg.strip():
-        return [_describe(err)]
-    return [_describe({**err, "msg": line}) for line in msg.strip().splitlines() if line.strip()]
+        return [_describe(err, model)]
+    return [_describe({**err, "msg": line}, model) for line in msg.strip().splitlines() if line.strip()]
 
 
-def _describe(err: Any) -> str:
+# What pydantic's error types mean, in the suite's words (the value comes first: "<value> is not a whole number").
+_MEANINGS: dict[str, str] = {
+    "int_type": "is not a whole number; give one such as 1000 (or 1e3)",
+    "int_parsing": "is not a whole number; give one such as 1000 (or 1e3)",
+    "int_from_float": "is not a whole number; give one such as 1000 (or 1e3)",
+    "float_type": "is not a number; give one such as 0.5 (or 5e-1)",
+    "float_parsing": "is not a number; give one such as 0.5 (or 5e-1)",
+    "finite_number": "is not a finite number; give a number such as 0.5",
+    "bool_type": "is not true or false",
+    "bool_parsing": "is not true or false",
+    "string_type": "is not text",
+    "dict_type": "is not a mapping; give {key: value, ...}",
+    "model_type": "is not a mapping of fields; give {field: value, ...}",
+    "model_attributes_type": "is not a mapping of fields; give {field: value, ...}",
+}
+_LISTS = {"tuple_type", "list_type", "set_type", "frozen_set_type", "iterable_type"}
+_LIST_EXAMPLES = {
+    "hidden": "[64, 64]",
+    "workers": "[1, 2]",
+    "seeds": "[0, 1, 2]",
+    "engines": "[crossrl, rllib]",
+    "conv": "[[16, 3, 1]]",
+    "rows": "[CartPole-v1]",
+    "columns": "[{algorithm: ppo, workers: 1}]",
+    "published": "[{label: ..., scores: {...}}]",
+}
+_BOUNDS = {
+    "greater_than": ("gt", "must be more than"),
+    "greater_than_equal": ("ge", "must be at least"),
+    "less_than": ("lt", "must be less than"),
+    "less_than_equal": ("le", "must be at most"),
+}
+# Other RL libraries' names for crossrl's shared hyperparameters (RLlib, Stable-Baselines3/RL Zoo, TorchRL), so a
+# spec written from one of them gets the crossrl name.
+_ALIASES: dict[str, str] = {
+    "learning_rate": "lr",
+    "lambda": "gae_lambda",
+    "lambda_": "gae_lambda",
+    "lmbda": "gae_lambda",
+    "clip_param": "clip",
+    "clip_range": "clip",
+    "clip_epsilon": "clip",
+    "vf_clip_param": "vf_clip",
+    "clip_range_vf": "vf_clip",
+    "num_epochs": "epochs",
+    "n_epochs": "epochs",
+    "num_sgd_iter": "epochs",
+    "minibatch_size": "minibatch",
+    "sgd_minibatch_size": "minibatch",
+    "train_batch_size": "train_batch",
+    "train_batch_size_per_learner": "train_batch",
+    "ent_coef": "entropy_coeff",
+    "entropy_coef": "entropy_coeff",
+    "vf_coef": "vf_coeff",
+    "vf_loss_coeff": "vf_coeff",
+    "max_grad_norm": "grad_clip",
+    "rollout_fragment_length": "rollout_fragment",
+    "replay_buffer_size": "buffer_size",
+    "num_steps_sampled_before_learning_starts": "learning_starts",
+    "target_update_interval": "target_update",
+    "target_network_update_freq": "target_update",
+    "exploration_initial_eps": "epsilon_initial",
+    "exploration_final_eps": "epsilon_final",
+    "training_intensity": "replay_ratio",
+    "double_dqn": "double_q",
+    "seed": "seeds",
+    "engine": "engines",
+}
+
+
+def _describe(err: Any, model: type[BaseModel] | None = None) -> str:
     loc = _dotted(err["loc"]) or "(top level)"
     kind = err["type"]
     value = _short(err.get("input"))
+    ctx = err.get("ctx") or {}
     if kind == "extra_forbidden":
-        return f"{loc}: unknown field (value {value}); check its spelling against the spec's fields"
+        return f"{loc}: unknown field; {_field_hint(err['loc'], model)}"
     if kind == "missing":
         return f"{loc}: required field is missing"
     if kind == "literal_error":
-        expected = err.get("ctx", {}).get("expected", "")
-        allowed = expected.replace("'", "").replace(" or ", ", ")
-        return f"{loc}: {value} is not one of {allowed}"
-    msg = _one_line(err["msg"].removeprefix("Value error, "))
+        expected = str(ctx.get("expected", ""))
+        choices = re.findall(r"'([^']*)'", expected) or [expected.replace(" or ", ", ")]
+        hint = suggest(err.get("input"), choices)
+        return f"{loc}: {value} is not one of {', '.join(choices)}{'; ' + hint if hint else ''}"
     if kind == "value_error":
+        msg = _one_line(err["msg"].removeprefix("Value error, "))
         return f"{loc}: {msg}" if loc != "(top level)" else msg
+    leaf = next((p for p in reversed(err["loc"]) if isinstance(p, str)), "")
+    if kind in _MEANINGS:
+        return f"{loc}: {value} {_MEANINGS[kind]}"
+    if kind in _LISTS:
+        example = _LIST_EXAMPLES.get(leaf, "[a, b]")
+        return f"{loc}: {value} is not a list; give a list such as {example}"
+    if kind in _BOUNDS:
+        key, words = _BOUNDS[kind]
+        return f"{loc}: {value} {words} {_number(ctx.get(key))}"
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") == NAME_PATTERN:
+        return (
+            f"{loc}: {value} must start with a letter or digit and hold only letters, digits, '_', '.' and '-' "
+            "(it names runs and files)"
+        )
+    if kind == "string_pattern_mismatch":
+        return f"{loc}: {value} does not have the form this field takes"
+    if kind in ("too_short", "string_too_short"):
+        least = ctx.get("min_length", 1)
+        return f"{loc}: {value} is empty; give at least {least}" if least == 1 else f"{loc}: give at least {least}"
+    if kind in ("too_long", "string_too_long"):
+        return f"{loc}: {value} is too long; give at most {ctx.get('max_length')}"
+    # Anything else: pydantic's message, in the suite's form.
+    msg = _one_line(err["msg"]).replace("Input should be", "must be").replace("Value error, ", "")
     return f"{loc}: {value}: {msg}"
 
 
-def _env_problem(env: Any, label: str) -> str | None:
+def _number(x: Any) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def _field_hint(loc: Sequence[Any], model: type[BaseModel] | None) -> str:
+    """For an unknown field: the field it may have meant, else the fields that may be given where it is."""
+    parent = _model_at(model, loc[:-1]) if model is not None else None
+    if parent is None:
+        return "check its spelling against the spec's fields"
+    names = _meant(loc, model)
+    if names:
+        required = len(names) == 1 and parent.model_fields[names[0]].is_required()
+        return f"did you mean {' or '.join(names)}?" + (f" ({names[0]} is required)" if required else "")
+    return f"the fields here are: {', '.join(parent.model_fields)}"
+
+
+def _meant(loc: Sequence[Any], model: type[BaseModel] | None) -> list[str]:
+    """The fields an unknown field at ``loc`` may have meant: another library's name for one, or names close to it."""
+    parent = _model_at(model, loc[:-1]) if model is not None else None
+    key = loc[-1] if loc else None
+    if parent is None or not isinstance(key, str):
+        return []
+    fields = list(parent.model_fields)
+    if _ALIASES.get(key) in fields:
+        return [_ALIASES[key]]
+    return close_matches(key, fields)
+
+
+def _model_at(model: type[BaseModel] | None, loc: Sequence[Any]) -> type[BaseModel] | None:
+    """The model class whose fields are at ``loc`` below ``model`` (list indices skipped), or None."""
+    for part in loc:
+        if model is None:
+            return None
+        if not isinstance(part, str):
+            continue  # an index into a list of models
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class inside a field's type (``X``, ``X | None``, ``tuple[X, ...]``), or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType, tuple, list):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def env_id_problem(env: Any, label: str) -> str | None:
+    """Why a (parsed) env section's id names no env, on one line with the file and the field, or None."""
     if not isinstance(env, dict) or not isinstance(env.get("id"), str):
         return None
     env_id = env["id"]
@@ -153,13 +349,48 @@ def _env_problem(env: Any, label: str) -> str | None:
         try:
             pettingzoo_module(env_id)
         except Exception as e:
-            return f"{label}: env.id: {_short(env_id)} is not a PettingZoo env module ({first_line(e)})"
+            hint = _pettingzoo_hint(env_id)
+            reason = f"; {hint}" if hint else f" ({first_line(e)})"
+            return f"{label}: env.id: {_short(env_id)} is not a PettingZoo env module{reason}"
         return None
     try:
         registered_spec(env_id)
     except Exception as e:  # gymnasium raises several error types (NameNotFound, VersionNotFound, ...)
-        return f"{label}: env.id: {_short(env_id)} is not a registered gymnasium env ({first_line(e)})"
+        hint = _gymnasium_hint(env_id)
+        if hint:
+            return f"{label}: env.id: {_short(env_id)} is not a registered gymnasium env; {hint}"
+        reason = f"{type(e).__name__}: {first_line(e)}" if isinstance(e, ImportError) else first_line(e)
+        return (
+            f"{label}: env.id: {_short(env_id)} is not a registered gymnasium env ({reason}); give an id such as "
+            "CartPole-v1, or 'module:Id' to import a module first"
+        )
     return None
+
+
+def _gymnasium_hint(env_id: str) -> str | None:
+    """Suggestions ("did you mean ...?") from gymnasium's registry, for a misspelt id."""
+    try:
+        import gymnasium as gym
+
+        name = env_id.rpartition(":")[2]
+        return suggest(name, list(gym.registry))
+    except Exception:
+        return None
+
+
+def _pettingzoo_hint(env_id: str) -> str | None:
+    """Suggestions ("did you mean ...?") from the env modules of the package an id names (``package:module``)."""
+    import importlib
+    import pkgutil
+
+    package, sep, name = env_id.rpartition(":")
+    if not sep:
+        return None
+    try:
+        modules = [m.name for m in pkgutil.iter_modules(importlib.import_module(package).__path__)]
+    except Exception:
+        return None
+    return suggest(name, modules, prefix=f"{package}:")
 
 
 MAX_BYTES = 1_000_000
@@ -216,7 +447,7 @@ def _kind(value: Any) -> str:
     return kinds.get(type(value), "a single value")
 
 
-def _capped(problems: list[str], label: str) -> list[str]:
+def capped(problems: list[str], label: str) -> list[str]:
     if len(problems) <= MAX_PROBLEMS:
         return problems
     rest = len(problems) - MAX_PROBLEMS
@@ -285,6 +516,16 @@ class _Loader(yaml.SafeLoader):
             raise _ValueError(problem=problem, problem_mark=node.start_mark) from None
 
 
+# PyYAML reads YAML 1.1, where a float needs a dot and a signed exponent ("3.0e-4"): "1e3", "1.5e3" and "1e+3"
+# would be text, and an integer field would refuse them. They are numbers here, as in YAML 1.2 (an integer field
+# takes one when it is a whole number: env_steps: 1e6).
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
 def _parse(text: str, label: str) -> Any:
     """The YAML document in ``text``; a SpecError with line and column when it is not valid YAML."""
     too_deep = SpecError([f"{label}: nested too deeply to read; a spec nests a few levels (at most {MAX_DEPTH})"])
@@ -323,7 +564,7 @@ def _flow_depth(text: str) -> int:
     return deepest
 
 
-def _shape_problems(raw: dict[str, Any]) -> list[str]:
+def shape_problems(raw: dict[str, Any]) -> list[str]:
     """What no field accepts, wherever it is (env.kwargs too): nesting deeper than MAX_DEPTH, more than
     MAX_VALUES values, a value that contains itself (YAML aliases), keys that are not text, numbers that
     are not finite or do not fit in 64 bits, and YAML values (dates, bytes, sets) JSON cannot hold."""

@@ -7,10 +7,11 @@ the execution (workers, envs per worker, crossrl's optimizer), a budget, a targe
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -34,7 +35,27 @@ FRAME_SIZES: dict[str, tuple[int, int]] = {"atari": (84, 84), "minatar": (10, 10
 
 _SUITE_PREFIXES: dict[str, Preprocessing] = {"ALE/": "atari", "MinAtar/": "minatar"}
 
-_GROUP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+"""What a scenario's, a table's and a policy group's name may be (it names runs, files and policies)."""
+_GROUP_NAME = re.compile(NAME_PATTERN)
+
+
+def close_matches(value: Any, choices: Iterable[str]) -> list[str]:
+    """The ``choices`` close to a misspelt name (difflib's, case aside when nothing is close otherwise), best first."""
+    if not isinstance(value, str) or not value:
+        return []
+    options = [c for c in choices if isinstance(c, str)]
+    matches = difflib.get_close_matches(value, options, n=3, cutoff=0.6)
+    if not matches:  # 'cartpole-v1' for CartPole-v1
+        lowered = {c.lower(): c for c in options}
+        matches = [lowered[m] for m in difflib.get_close_matches(value.lower(), list(lowered), n=3, cutoff=0.6)]
+    return [] if value in matches else matches
+
+
+def suggest(value: Any, choices: Iterable[str], *, prefix: str = "") -> str | None:
+    """A suggestion ("did you mean X?", or "X or Y?") for a misspelt name, from ``choices``; None when none is close."""
+    matches = close_matches(value, choices)
+    return f"did you mean {' or '.join(prefix + m for m in matches)}?" if matches else None
 
 
 class AgentGroups(BaseModel):
@@ -489,7 +510,7 @@ class ScenarioSpec(BaseModel):
 
     model_config = _STRICT
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     env: EnvSpec
     algorithm: AlgorithmSpec
@@ -508,7 +529,11 @@ class ScenarioSpec(BaseModel):
         known = (info.context or {}).get("engines", ENGINES)
         bad = [e for e in v if e not in known]
         if bad:
-            raise ValueError(f"{', '.join(repr(b) for b in bad)} is not one of {', '.join(known)}")
+            hints = [hint for b in bad if (hint := suggest(b, known))]
+            raise ValueError(
+                f"{', '.join(repr(b) for b in bad)} is not one of {', '.join(known)}{'; ' if hints else ''}"
+                + "; ".join(hints)
+            )
         if not v:
             raise ValueError("at least one engine is needed")
         if len(set(v)) != len(v):
@@ -525,23 +550,10 @@ class ScenarioSpec(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _optimizer_fits(self) -> ScenarioSpec:
-        opt = self.execution.optimizer
-        valid = VALID_OPTIMIZERS[self.algorithm.name]
-        if opt is not None and opt not in valid:
-            raise ValueError(
-                f"execution.optimizer: {opt!r} cannot run {self.algorithm.name}; valid: {', '.join(valid)}"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _conv_fits_frames(self) -> ScenarioSpec:
-        # The frame size is known here for the pixel preprocessings; other image envs are checked when the
-        # model is built (crossrl.core.models), once their observation shape is known.
-        size = FRAME_SIZES.get(self.env.resolved_preprocessing)
-        problem = conv_problem(*size, self.algorithm.model.conv) if size else None
-        if problem:
-            raise ValueError(f"algorithm.model.conv: {problem} ({self.env.id})")
+    def _sections_agree(self) -> ScenarioSpec:
+        problems = cross_field_problems(env=self.env, algorithm=self.algorithm, execution=self.execution)
+        if problems:
+            raise ValueError("\n".join(problems))  # one line each: the loader splits them
         return self
 
     @property
@@ -617,6 +629,70 @@ class ScenarioSpec(BaseModel):
             for seed in self.seeds
             for engine in self.engines
         ]
+
+
+def cross_field_problems(
+    *, env: EnvSpec | None = None, algorithm: AlgorithmSpec | None = None, execution: ExecutionSpec | None = None
+) -> list[str]:
+    """What is wrong between a scenario's sections, one line per problem naming the field: each check runs when the
+    sections it reads are given (the loader gives those that validate alone, so a spec's other mistakes do not
+    hide these).
+
+    crossrl's optimizer against the algorithm; a conv stack against the pixel preprocessing's frames (other image
+    envs are checked once the env is built: ``crossrl validate``, and crossrl.core.models); batch sizes against
+    each other.
+    """
+    problems: list[str] = []
+    if algorithm is not None and execution is not None:
+        opt = execution.optimizer
+        valid = VALID_OPTIMIZERS[algorithm.name]
+        if opt is not None and opt not in valid:
+            hint = suggest(opt, valid)
+            problems.append(
+                f"execution.optimizer: {opt!r} cannot run {algorithm.name}; valid: {', '.join(valid)}"
+                + (f"; {hint}" if hint else "")
+            )
+    if env is not None and algorithm is not None:
+        size = FRAME_SIZES.get(env.resolved_preprocessing)
+        problem = conv_problem(*size, algorithm.model.conv) if size else None
+        if problem:
+            problems.append(f"algorithm.model.conv: {problem} ({env.id})")
+    if algorithm is not None:
+        problems += batch_problems(algorithm)
+    return problems
+
+
+def batch_problems(algorithm: AlgorithmSpec) -> list[str]:
+    """Batch sizes that contradict each other, with the algorithm's defaults filled in: an SGD minibatch larger than
+    the train batch it is cut from (RLlib's config check refuses it), a replay batch larger than the replay buffer it
+    is drawn from."""
+    hp = algorithm.resolved_hyperparams()
+    given = algorithm.hyperparams.model_dump(exclude_none=True)
+
+    def clash(small: str, large: str, what: str) -> str:
+        # Named by the field the spec sets (the other one may be the algorithm's default).
+        def value(key: str) -> str:
+            return f"{hp[key]}" if key in given else f"{hp[key]}, {algorithm.name}'s default"
+
+        if large in given or small not in given:
+            return (
+                f"algorithm.hyperparams.{large}: {hp[large]} is larger than {small} ({value(small)}); {what}: make "
+                f"{large} at most {small}"
+            )
+        return (
+            f"algorithm.hyperparams.{small}: {hp[small]} is smaller than {large} ({value(large)}); {what}: make "
+            f"{large} at most {small}"
+        )
+
+    problems = []
+    minibatch, train_batch = hp.get("minibatch"), hp.get("train_batch")
+    replay = algorithm.name in ("dqn", "apex")  # no SGD minibatches: one replay batch per gradient step
+    if not replay and minibatch is not None and train_batch is not None and minibatch > train_batch:
+        problems.append(clash("train_batch", "minibatch", "a minibatch is cut from the train batch"))
+    buffer = hp.get("buffer_size")
+    if replay and buffer is not None and train_batch is not None and train_batch > buffer:
+        problems.append(clash("buffer_size", "train_batch", "a replay batch is drawn from the replay buffer"))
+    return problems
 
 
 class Trial(BaseModel):

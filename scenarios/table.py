@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from crossrl.scenarios.catalog import ENGINES, AlgorithmName
 from crossrl.scenarios.loader import SpecError, builtin_dir, read_yaml, spec_label, validate, validation_problems
-from crossrl.scenarios.spec import ScenarioSpec
+from crossrl.scenarios.spec import NAME_PATTERN, ScenarioSpec
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,7 +48,7 @@ class TableSpec(BaseModel):
 
     model_config = _STRICT
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=NAME_PATTERN)
     description: str = ""
     rows: tuple[str, ...] = Field(min_length=1, description="env ids, one row each")
     columns: tuple[TableColumn, ...] = Field(min_length=1)
@@ -134,18 +134,9 @@ def is_table(name_or_path: str) -> bool:
     return False
 
 
-def load_table(
-    name_or_path: str,
-    *,
-    rows: Collection[str] | None = None,
-    overrides: Mapping[str, Any] | None = None,
-    engines: Collection[str] = ENGINES,
-) -> tuple[TableSpec, list[ScenarioSpec]]:
-    """A table and its cells, every cell validated as a scenario (problems name the table file and the cell).
-
-    ``rows``: run only these env ids (each must be one of the table's). ``overrides``: ``engines``, ``workers``
-    (every column's), ``seeds``, ``train_seconds``, ``env_steps``, as `crossrl table run` flags set them.
-    """
+def read_table(name_or_path: str, *, overrides: Mapping[str, Any] | None = None) -> tuple[TableSpec, Path]:
+    """A table spec (a built-in table's name or a YAML path) parsed and validated, and its path; ``overrides`` as
+    :func:`load_table` takes them. Its cells are not validated (:func:`load_table` does it)."""
     tables = builtin_tables()
     path = tables[name_or_path] if name_or_path in tables else Path(name_or_path)
     label = spec_label(path)
@@ -173,9 +164,25 @@ def load_table(
     if overrides:
         raise ValueError(f"load_table: unknown overrides {sorted(overrides)}")
     try:
-        table = TableSpec.model_validate(raw)
+        return TableSpec.model_validate(raw), path
     except ValidationError as e:
-        raise SpecError(validation_problems(e, label)) from None
+        raise SpecError(validation_problems(e, label, TableSpec)) from None
+
+
+def load_table(
+    name_or_path: str,
+    *,
+    rows: Collection[str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    engines: Collection[str] = ENGINES,
+) -> tuple[TableSpec, list[ScenarioSpec]]:
+    """A table and its cells, every cell validated as a scenario (problems name the table file and the cell).
+
+    ``rows``: run only these env ids (each must be one of the table's). ``overrides``: ``engines``, ``workers``
+    (every column's), ``seeds``, ``train_seconds``, ``env_steps``, as `crossrl table run` flags set them.
+    """
+    table, path = read_table(name_or_path, overrides=overrides)
+    label = spec_label(path)
     if rows:
         unknown = [r for r in rows if r not in table.rows]
         if unknown:

@@ -51,7 +51,9 @@ def test_every_builtin_scenario_is_valid() -> None:
 
 def test_bad_literal_names_field_value_and_choices() -> None:
     [line] = problems(with_("algorithm.name", "ppo2"), "smoke.yaml")
-    assert line == "smoke.yaml: algorithm.name: 'ppo2' is not one of ppo, a2c, a3c, impala, dqn, apex"
+    assert (
+        line == "smoke.yaml: algorithm.name: 'ppo2' is not one of ppo, a2c, a3c, impala, dqn, apex; did you mean ppo?"
+    )
 
 
 def test_unknown_key_is_an_error() -> None:
@@ -65,7 +67,7 @@ def test_wrong_type_and_impossible_values() -> None:
     [line] = problems(with_("execution.workers", [-1]))
     assert "execution.workers" in line and "-1" in line
     [line] = problems(with_("algorithm.hyperparams.gamma", 1.5))
-    assert "algorithm.hyperparams.gamma: 1.5" in line and "less than or equal to 1" in line
+    assert line == "x.yaml: algorithm.hyperparams.gamma: 1.5 must be at most 1"
 
 
 def test_missing_required_field() -> None:
@@ -215,7 +217,7 @@ def test_preprocessing_is_chosen_from_the_id_unless_given() -> None:
     assert EnvSpec(id="CartPole-v1").resolved_preprocessing == "none"
     assert EnvSpec(id="ALE/Breakout-v5", preprocessing="none").resolved_preprocessing == "none"
     [line] = problems(with_("env.preprocessing", "nature"))
-    assert line == "x.yaml: env.preprocessing: 'nature' is not one of none, atari, minatar"
+    assert line == "x.yaml: env.preprocessing: 'nature' is not one of none, atari, minatar; did you mean minatar?"
 
 
 def test_pixel_fields_leave_mlp_fingerprints_alone_and_count_when_set() -> None:
@@ -240,7 +242,7 @@ def test_conv_layers_are_positive_triples() -> None:
     [line] = problems(with_("algorithm.model.conv", [32, 8, 4]))
     assert line == "x.yaml: algorithm.model.conv: layer 1 32: give each layer as [filters, kernel, stride]"
     [line] = problems(with_("algorithm.model.conv", [[32, "big", 4]]))
-    assert line.startswith("x.yaml: algorithm.model.conv.0.1: 'big':")
+    assert line.startswith("x.yaml: algorithm.model.conv.0.1: 'big' is not a whole number")
 
 
 def test_a_conv_stack_that_shrinks_the_frames_below_1x1_is_refused_at_load() -> None:
