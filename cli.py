@@ -9,6 +9,7 @@ after the summary. `crossrl ui` stopped by one: 0.
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 from collections.abc import Callable
@@ -30,6 +31,15 @@ TrackingUri = Annotated[
     typer.Option("--tracking-uri", envvar="MLFLOW_TRACKING_URI", help="MLflow tracking URI (default: embedded store)"),
 ]
 ResultsDir = Annotated[Path, typer.Option("--results-dir", help="folder of the embedded store (sqlite + artifacts)")]
+Sets = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        metavar="FIELD=VALUE",
+        help="override a spec field, validated as if written in the spec (and so part of its fingerprint), e.g. "
+        "--set algorithm.hyperparams.lr=1e-3; repeat for more",
+    ),
+]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="also write the figures as JSON")]
 NoStore = Annotated[bool, typer.Option("--no-store", help="do not log the figures to the store")]
 
@@ -136,6 +146,7 @@ def validate(
     show: Annotated[
         bool, typer.Option("--show", help="also print the resolved trials and each engine's resolved settings")
     ] = False,
+    sets: Sets = None,
 ) -> None:
     """Check a scenario (or table) spec as `crossrl run` (`crossrl table run`) takes it, every problem in one pass:
     fields, values, env id and kwargs (the env is built once), its spaces against the algorithm and the model,
@@ -147,7 +158,13 @@ def validate(
 
     probes = validate_probes()
     table = is_table(spec)
-    checked = check_table(spec, probes) if table else check_scenario(spec, probes)
+    if table and sets:
+        _fail([f"--set applies to scenario specs; {spec} is a table (its cells take `crossrl table run`'s options)"])
+    checked = (
+        check_table(spec, probes)
+        if table
+        else check_scenario(spec, probes, overrides=_overrides(None, None, None, None, sets))
+    )
     for line in checked.warnings:
         typer.echo(f"warning: {line}", err=True)
     if checked.problems:
@@ -183,6 +200,36 @@ def _list_refused(checked: Any, indent: str, unsupported_note: str) -> None:
         typer.echo(f"{indent}would fail: {trial.name}: {reason}")
     if checked.failing:
         typer.echo(f"{indent}(the engine refuses these once they start, so each would end FAILED)")
+
+
+@app.command()
+def init(
+    path: Annotated[Path, typer.Argument(help="the spec file to write, e.g. acrobot.yaml")],
+    env: Annotated[str, typer.Option("--env", help="gymnasium env id")] = "CartPole-v1",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="ppo, a2c, a3c, impala, dqn or apex")] = "ppo",
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
+) -> None:
+    """Write a commented scenario spec to start from (every default written out), then check it as `validate` does."""
+    from crossrl.scenarios.loader import env_id_problem
+    from crossrl.scenarios.template import spec_template
+
+    if path.exists() and not force:
+        _fail([f"{path}: exists; choose another path or pass --force to overwrite it"])
+    problem = env_id_problem({"id": env}, label="--env")
+    if problem:
+        _fail([problem])
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem).strip("-.") or "my-scenario"
+    try:
+        text = spec_template(name=name, env_id=env, algorithm=algorithm, path=str(path))
+    except ValueError as e:
+        _fail([f"--algorithm: {e}" if "algorithm" in str(e) else str(e)])
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as e:
+        _fail([f"{path}: cannot write it ({e.strerror or e})"])
+    typer.echo(
+        f"wrote {path}: {algorithm} on {env}, every engine; next: crossrl validate {path}, then crossrl run {path}"
+    )
 
 
 @app.command("random-return")
@@ -260,9 +307,21 @@ def engines() -> None:
     _console().print(table)
 
 
-def _overrides(engines: str | None, workers: str | None, seeds: str | None, steps: int | None = None) -> dict[str, Any]:
-    """The spec fields that `--engines`, `--workers`, `--seeds` and `--steps` override."""
-    out: dict[str, Any] = {}
+def _overrides(
+    engines: str | None,
+    workers: str | None,
+    seeds: str | None,
+    steps: int | None = None,
+    sets: list[str] | None = None,
+) -> dict[str, Any]:
+    """The spec fields that `--set`, `--engines`, `--workers`, `--seeds` and `--steps` override (the named options
+    win over a `--set` of the same field)."""
+    from crossrl.scenarios.loader import SpecError, parse_sets
+
+    try:
+        out: dict[str, Any] = parse_sets(sets or [])
+    except SpecError as e:
+        _fail(e.problems)
     if engines:
         out["engines"] = [e.strip() for e in engines.split(",") if e.strip()]
     if workers:
@@ -283,6 +342,7 @@ def run(
     workers: Annotated[str | None, typer.Option("--workers", help="worker counts, e.g. 1,2")] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="seeds, e.g. 0,1,2")] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="env-step budget per trial")] = None,
+    sets: Sets = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
     ray_address: Annotated[
@@ -336,7 +396,7 @@ def run(
     from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import SpecError
 
-    overrides = _overrides(engines_, workers, seeds, steps)
+    overrides = _overrides(engines_, workers, seeds, steps, sets)
     scenario, path = _load(spec, overrides)
     if not skip_unsupported:
         try:
@@ -427,6 +487,32 @@ def report(
         _render_report(store, parent_id=run_id, out_dir=out_dir or results_dir / "reports" / (scenario or run_id))
     except StoreError as e:
         _fail([str(e)])
+
+
+@app.command()
+def runs(
+    scenario: Annotated[str | None, typer.Argument(help="only this scenario's runs")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many, newest first")] = 50,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """List past `crossrl run`s in the store, newest first: scenario, parent run, start, status, trials, report."""
+    from rich.table import Table
+
+    from crossrl.reports.runs import COLUMNS, past_runs
+
+    store = _open_store(tracking_uri, results_dir)
+    rows = past_runs(store, scenario=scenario, limit=limit)
+    if rows.empty:
+        where = f"of scenario {scenario!r} " if scenario else ""
+        _fail([f"no `crossrl run` {where}in {store.uri}; start one with `crossrl run SPEC`"])
+    table = Table(title=f"crossrl runs in {store.uri}")
+    for col in COLUMNS:
+        table.add_column(col, overflow="fold")
+    for row in rows.itertuples(index=False):
+        table.add_row(*(str(v) for v in row))
+    _console().print(table)
+    _console().print("a run's report: crossrl report SCENARIO (its newest) or crossrl report --run PARENT_RUN")
 
 
 @app.command()

@@ -618,6 +618,29 @@ def shape_problems(raw: dict[str, Any]) -> list[str]:
     return problems
 
 
+def parse_sets(items: Collection[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` options as overrides (dotted field path -> value). VALUE is read as YAML as a spec's
+    values are (``1e-3`` a number, ``[64, 64]`` a list, ``true`` a bool); SpecError, one line per bad item."""
+    out: dict[str, Any] = {}
+    problems = []
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", key):
+            problems.append(
+                f"--set {_short(item)}: give FIELD=VALUE with a dotted field path, e.g. "
+                "--set algorithm.hyperparams.lr=1e-3"
+            )
+            continue
+        try:
+            out[key] = _parse(text, f"--set {key}") if text.strip() else None
+        except SpecError as e:
+            problems += e.problems
+    if problems:
+        raise SpecError(problems)
+    return out
+
+
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node = raw
     *parents, leaf = dotted.split(".")

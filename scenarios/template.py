@@ -20,15 +20,18 @@ TEMPLATE = """\
 # Run it:     crossrl run {path}        (the report lands in crossrl-results/reports/{name}/report.html)
 # Every field: README, "Scenario specs".
 
-name: {name}                 # the MLflow experiment's name (letters, digits, _ . -)
+# the MLflow experiment's name (letters, digits, _ . -)
+name: {name}
 description: {algorithm} on {env_id}, every engine
 
 env:
-  id: {env_id}               # a gymnasium id ('module:Id' imports module first)
-  kwargs: {{}}                 # passed to gymnasium.make
+  # a gymnasium id ('module:Id' imports module first); kwargs are passed to gymnasium.make
+  id: {env_id}
+  kwargs: {{}}
 
 algorithm:
-  name: {algorithm}          # one of {algorithms}
+  # one of {algorithms}
+  name: {algorithm}
   # The shared hyperparameter names, mapped to each engine's own (README, "Fairness"). These are the
   # defaults for {algorithm}: delete a line to keep its default, change it to tune.
   hyperparams:

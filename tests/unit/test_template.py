@@ -53,3 +53,49 @@ def test_past_runs_lists_each_run_newest_first(fault_engine: Path, results_dir: 
     assert runs.iloc[1]["trials"] == "1 FINISHED, 1 FAILED" and runs.iloc[0]["trials"] == "1 FINISHED"
     assert set(runs["status"]) == {"FINISHED"} and set(runs["report"]) == {"-"}  # no report rendered here
     assert past_runs(store, scenario="other").empty
+
+
+def test_cli_init_then_validate_and_set_overrides(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from crossrl.cli import app
+
+    cli = CliRunner()
+    spec = tmp_path / "acrobot-try.yaml"
+    out = cli.invoke(app, ["init", str(spec), "--env", "Acrobot-v1", "--algorithm", "a2c"])
+    assert out.exit_code == 0 and spec.exists(), out.output
+    assert cli.invoke(app, ["init", str(spec)]).exit_code == 2  # never overwrites without --force
+    plain = cli.invoke(app, ["validate", str(spec)])
+    assert plain.exit_code == 0 and ": ok, fingerprint " in plain.output, plain.output
+    tuned = cli.invoke(app, ["validate", str(spec), "--set", "algorithm.hyperparams.lr=1e-3"])
+    assert tuned.exit_code == 0, tuned.output
+    fingerprint = {r.output.split("fingerprint ")[1].split(",")[0] for r in (plain, tuned)}
+    assert len(fingerprint) == 2  # an override is part of the conditions
+    bad = cli.invoke(app, ["validate", str(spec), "--set", "algorithm.hyperparams.lr=-1"])
+    assert bad.exit_code == 2 and "algorithm.hyperparams.lr" in bad.output, bad.output
+    shape = cli.invoke(app, ["validate", str(spec), "--set", "lr"])
+    assert shape.exit_code == 2 and "give FIELD=VALUE" in shape.output, shape.output
+
+
+def test_cli_runs_lists_past_runs(fault_engine: Path, results_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from crossrl.cli import app
+
+    cli = CliRunner()
+    empty = cli.invoke(app, ["runs", "--results-dir", str(results_dir)])
+    assert empty.exit_code == 2 and "no `crossrl run`" in empty.output
+    raw = {
+        "name": "listed",
+        "env": {"id": "CartPole-v1"},
+        "algorithm": {"name": "ppo"},
+        "engines": ["fault"],
+        "budget": {"env_steps": 300, "wall_seconds": 60},
+        "seeds": [0],
+    }
+    outcome = run_scenario(
+        validate(raw, label="listed.yaml", engines=engine_ids()), store=ResultsStore(None, results_dir=results_dir)
+    )
+    listed = cli.invoke(app, ["runs", "--results-dir", str(results_dir)], env={"COLUMNS": "250"})
+    assert listed.exit_code == 0, listed.output
+    assert "listed" in listed.output and outcome.parent_id in listed.output and "1 FINISHED" in listed.output
