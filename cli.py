@@ -646,7 +646,7 @@ def ab(
 
 
 table_app = typer.Typer(
-    help="Comparison tables: games x (engine, algorithm, workers), e.g. the seed's Atari table.",
+    help="Comparison tables: games x (engine, algorithm, workers), e.g. the reference comparison's Atari table.",
     no_args_is_help=True,
 )
 app.add_typer(table_app, name="table")

@@ -426,7 +426,7 @@ class BudgetSpec(BaseModel):
         gt=0,
         description=(
             "training wall time per trial, counted from the end of the engine's set-up: the trial ends FINISHED at "
-            "its first point past it (the seed's 'score after one hour of training'); with env_steps too, "
+            "its first point past it (the reference comparison's 'score after one hour of training'); with env_steps too, "
             "whichever comes first"
         ),
     )

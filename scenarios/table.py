@@ -1,4 +1,4 @@
-"""A comparison table: games x (engine, algorithm, workers), the shape of the seed's Atari table.
+"""A comparison table: games x (engine, algorithm, workers), the shape of the reference comparison's Atari table.
 
 A table spec names rows (envs) and columns (an algorithm with its worker count), and what every cell shares
 (model, engines, envs per worker, budget, seeds). Each row x column cell is an ordinary scenario
@@ -35,7 +35,7 @@ class TableColumn(BaseModel):
 
 
 class Published(BaseModel):
-    """Scores someone published for the same games (the seed's table), shown beside the measured ones."""
+    """Scores someone published for the same games (the reference comparison's table), shown beside the measured ones."""
 
     model_config = _STRICT
 
