@@ -190,7 +190,8 @@ def _run_one(
         with held_signals() as late:  # the trial's end reaches the store whole, a stop signal or not
             sel.close()
             os.close(read_fd)
-            meter.kill_all()  # the trial process and whatever it left (a process that outlived it, re-parented)
+            if proc.poll() is None:
+                meter.kill_all()
             watch.close()
             rec.record_end(
                 wall_s=time.perf_counter() - t0,

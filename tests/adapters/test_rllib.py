@@ -243,7 +243,7 @@ def test_result_to_point_reads_raw_episodes_and_losses() -> None:
                 "entropy": 0.6,
                 "num_module_steps_trained_lifetime": 900.0,
                 "diff_num_grad_updates_vs_sampler_policy": 1.5,
-                "gradients_default_optimizer_global_norm": float("nan"),  # not finite: dropped
+                "gradients_default_optimizer_global_norm": float("nan"),  # IMPALA: NaN means no update, dropped
             },
         },
         "timers": {"env_runner_sampling_timer": 0.3, "learner_update_timer": 0.1, "synch_weights": 0.01},
