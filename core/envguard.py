@@ -130,6 +130,20 @@ class _Checks:
         self.warned = False
         self.chan = channel()
 
+    def call(self, name: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)``, the env's ``reset`` or ``step``: an exception it raises becomes an
+        :class:`EnvFault` (reported to the watch); a step is counted; the process beats."""
+        try:
+            out = fn(*args, **kwargs)
+        except EnvFault:
+            raise
+        except Exception as e:
+            raise self.raised(e, name) from e
+        if name == "step":
+            self.steps += 1
+        self.chan.beat()
+        return out
+
     def raised(self, e: BaseException, call: str) -> EnvFault:
         message = f"env {self.env_id} raised {type(e).__name__}: {_first_line(e)} in {call}() {_where(self.steps)}"
         tb = "".join(traceback.format_exception(e))
@@ -191,27 +205,13 @@ class EnvGuard(gym.Wrapper):
         self._obs = _ObsCheck(env.observation_space)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        checks = self._checks
-        try:
-            obs, info = self.env.reset(seed=seed, options=options)
-        except EnvFault:
-            raise
-        except Exception as e:
-            raise checks.raised(e, "reset") from e
-        checks.chan.beat()
+        obs, info = self._checks.call("reset", self.env.reset, seed=seed, options=options)
         self._check_obs(obs)
         return obs, info
 
     def step(self, action: Any) -> Any:
         checks = self._checks
-        try:
-            obs, reward, terminated, truncated, info = self.env.step(action)
-        except EnvFault:
-            raise
-        except Exception as e:
-            raise checks.raised(e, "step") from e
-        checks.steps += 1
-        checks.chan.beat()
+        obs, reward, terminated, truncated, info = checks.call("step", self.env.step, action)
         try:
             finite = math.isfinite(reward)
         except TypeError:
@@ -245,22 +245,12 @@ class VectorEnvGuard(gym.vector.VectorWrapper):
         self._num = env.num_envs
 
     def reset(self, *, seed: Any = None, options: dict[str, Any] | None = None) -> Any:
-        try:
-            obs, info = self.env.reset(seed=seed, options=options)
-        except Exception as e:
-            raise self._checks.raised(e, "reset") from e
-        self._checks.chan.beat()
+        obs, info = self._checks.call("reset", self.env.reset, seed=seed, options=options)
         self._check(obs, None)
         return obs, info
 
     def step(self, actions: Any) -> Any:
-        checks = self._checks
-        try:
-            obs, rewards, terms, truncs, info = self.env.step(actions)
-        except Exception as e:
-            raise checks.raised(e, "step") from e
-        checks.steps += 1
-        checks.chan.beat()
+        obs, rewards, terms, truncs, info = self._checks.call("step", self.env.step, actions)
         self._check(obs, rewards)
         return obs, rewards, terms, truncs, info
 
@@ -270,11 +260,9 @@ class VectorEnvGuard(gym.vector.VectorWrapper):
             i = int(np.flatnonzero(~np.isfinite(rewards))[0])
             checks.bad_value(f"reward (vector copy {i})", rewards[i])
         if self._obs.box and self._obs.floating and not _all_finite(obs):
-            flat = np.flatnonzero(~np.isfinite(np.asarray(obs).reshape(self._num, -1)))[0]
-            i, j = divmod(int(flat), int(np.prod(self._obs.shape or (1,))))
-            checks.bad_value(
-                f"observation (vector copy {i}, element {j})", np.asarray(obs).reshape(self._num, -1)[i, j]
-            )
+            rows = np.asarray(obs).reshape(self._num, -1)
+            i, j = (int(k[0]) for k in np.nonzero(~np.isfinite(rows)))
+            checks.bad_value(f"observation (vector copy {i}, element {j})", rows[i, j])
 
 
 class ParallelEnvGuard(BaseParallelWrapper):  # type: ignore[misc]
@@ -286,22 +274,13 @@ class ParallelEnvGuard(BaseParallelWrapper):  # type: ignore[misc]
         self._obs: dict[str, _ObsCheck] = {}
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
-        try:
-            obs, infos = self.env.reset(seed=seed, options=options)
-        except Exception as e:
-            raise self._checks.raised(e, "reset") from e
-        self._checks.chan.beat()
+        obs, infos = self._checks.call("reset", self.env.reset, seed=seed, options=options)
         self._check_obs(obs)
         return obs, infos
 
     def step(self, actions: dict[str, Any]) -> Any:
         checks = self._checks
-        try:
-            obs, rewards, terms, truncs, infos = self.env.step(actions)
-        except Exception as e:
-            raise checks.raised(e, "step") from e
-        checks.steps += 1
-        checks.chan.beat()
+        obs, rewards, terms, truncs, infos = checks.call("step", self.env.step, actions)
         for agent, r in rewards.items():
             if not math.isfinite(float(r)):
                 checks.bad_value(f"reward of agent {agent!r}", r)
