@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.stamp-install
 PYTEST_FLAGS ?=
 K ?=
 
-.PHONY: install demo test test-cluster test-fast lint learning-tests ab-gate ab-power chromium ui clean
+.PHONY: install demo test test-system test-cluster test-fast lint learning-tests ab-gate ab-power chromium ui clean
 
 install: $(STAMP)
 
@@ -43,8 +43,13 @@ lint: install
 test: install chromium lint
 	rm -f crossrl-results/ci/regress.md
 	$(BIN)/pytest -m "alone" --timeout 900 --durations=3 $(PYTEST_FLAGS)
-	$(BIN)/pytest -m "not learning and not cluster and not alone" -n 2 --dist worksteal --timeout 900 --durations=15 $(PYTEST_FLAGS)
+	$(BIN)/pytest -m "not learning and not cluster and not alone and not system" -n 2 --dist worksteal --timeout 900 --durations=15 $(PYTEST_FLAGS)
 	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
+
+# Whole built-in scenarios on every engine, a few minutes each (pixels, many agents, the table, a broken
+# env on every engine): run by CI after `make test`, two at a time.
+test-system: install
+	$(BIN)/pytest -m "system and not cluster" -n 2 --dist worksteal --timeout 900 --durations=10 $(PYTEST_FLAGS)
 
 # Tests that start Ray clusters of their own with `ray start` (a head, and a second node on loopback):
 # `crossrl run --ray-address` on an existing cluster, and sweeps fanned out over two nodes.

@@ -103,6 +103,7 @@ def _no_process_left(mark: str) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.parametrize("fault", ["raise", "hang", "nan", "shape"])
 def test_a_broken_env_fails_its_trial_on_every_engine(fault: str, tmp_path: Path) -> None:
     results, mark = tmp_path / "results", uuid.uuid4().hex

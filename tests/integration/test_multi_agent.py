@@ -17,7 +17,7 @@ from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import load
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 
 @pytest.mark.parametrize("scenario", ["ma-smoke", "speaker-listener-untuned"])

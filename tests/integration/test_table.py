@@ -14,7 +14,7 @@ import pytest
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]
 
 TABLE = """kind: table
 name: tiny-table

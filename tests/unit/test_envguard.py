@@ -216,8 +216,8 @@ def test_the_watch_collects_the_python_stacks_of_a_stuck_process(tmp_path: Path)
         import time
         from crossrl.core.envguard import register_stacks
         register_stacks()
-        print("ready", flush=True)
         def stuck_in_here():
+            print("ready", flush=True)  # said from inside, so the dump cannot catch the module level
             while True:
                 time.sleep(0.1)
         stuck_in_here()
