@@ -4,19 +4,42 @@ An engine adapter gets a :class:`~crossrl.scenarios.spec.Trial` and a :class:`Me
 its engine, calls ``sink.start_clock()`` once set-up is done, trains until ``sink.exhausted``, and
 calls ``sink.point(...)`` after every training iteration. The sink, not the engine, computes the
 derived metrics (throughput, episode statistics) so that every engine is measured the same way.
+
+Checkpoints, the same way on every engine::
+
+    resumed = sink.resumed()            # set-up done, before start_clock
+    if resumed is not None:             # --resume: restore the engine from resumed.path and continue its
+        restore(resumed.path)           # counters at resumed.env_steps_sampled / env_steps_trained
+    sink.start_clock()
+    while not sink.exhausted:
+        ...; sink.point(...)
+        sink.checkpoint_if_due(save)    # save(folder): the engine's whole training state into folder
+    sink.final_checkpoint(save)         # the trial ended normally: what `crossrl evaluate` reloads
+
+The sink decides when (the spec's ``checkpoint`` section), writes atomically (crossrl.adapters.checkpoints), keeps
+the newest ``keep``, stores the trial process's random states beside the engine's, and leaves the time spent
+writing out of training time and throughput.
 """
 
 from __future__ import annotations
 
 import base64
 import math
+import pickle
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from crossrl.adapters import checkpoints
+from crossrl.adapters.checkpoints import Resumed
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
+
+Save = Callable[[Path], Mapping[str, Any] | None]
+"""An engine's checkpoint writer: its whole training state into the given (empty) folder; it may return a small
+JSON-able description of what it holds (stored in the checkpoint's ``crossrl.json``)."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -60,14 +83,106 @@ class MetricSink:
         self.setup_s: float | None = None
         self.target_reached = False
         self.iterations = 0  # points so far
+        self.checkpoint_s = 0.0  # seconds spent writing checkpoints, left out of training time
+        self._resumed: Resumed | None = None
+        if trial.resume_from is not None:
+            folder = Path(trial.resume_from)
+            self._resumed = Resumed.of(folder, checkpoints.read_meta(folder))
+        self._ckpt_step = self._resumed.env_steps_sampled if self._resumed else 0
+        self._ckpt_train_s = self._resumed.train_s if self._resumed else 0.0
 
     # -- called by adapters ------------------------------------------------------------------
+    def resumed(self) -> Resumed | None:
+        """The checkpoint this trial continues from (``crossrl run --resume``), or None for a trial from scratch. The
+        adapter restores its engine from ``resumed.path`` before :meth:`start_clock` and counts env steps from
+        ``resumed.env_steps_sampled`` / ``env_steps_trained``."""
+        return self._resumed
+
     def start_clock(self) -> None:
-        """Set-up is done; wall time (and time to target) counts from here."""
+        """Set-up is done; wall time (and time to target) counts from here (a resumed trial's from its checkpoint's
+        training seconds, with its counters and the trial process's random states as they were)."""
         now = time.perf_counter()
         self.setup_s = now - self._t0
         self._t0 = self._last_t = now
-        self._emit({"kind": "setup", "setup_s": self.setup_s})
+        message: dict[str, Any] = {"kind": "setup", "setup_s": self.setup_s}
+        r = self._resumed
+        if r is not None:
+            self._t0 -= r.train_s
+            self.env_steps_sampled = self._last_sampled = r.env_steps_sampled
+            self._last_trained = r.env_steps_trained
+            self._episodes, self.iterations = r.episodes, r.iterations
+            with open(r.folder / checkpoints.RNG_FILE, "rb") as f:
+                checkpoints.set_rng_state(pickle.load(f))
+            message |= {"resumed_from": str(r.folder), "resumed_env_step": r.env_steps_sampled, "train_s": r.train_s}
+        self._emit(message)
+
+    @property
+    def train_s(self) -> float:
+        """Training seconds so far (checkpoint writes left out; a resumed trial's earlier ones included)."""
+        return time.perf_counter() - self._t0 if self.setup_s is not None else 0.0
+
+    def checkpoint_if_due(self, save: Save) -> None:
+        """A checkpoint when the spec's interval (env steps or training seconds since the last one) has passed."""
+        spec = self.trial.checkpoint
+        if self.trial.checkpoint_dir is None or self.setup_s is None:
+            return
+        steps_due = (
+            spec.every_env_steps is not None and self.env_steps_sampled - self._ckpt_step >= spec.every_env_steps
+        )
+        time_due = spec.every_seconds is not None and self.train_s - self._ckpt_train_s >= spec.every_seconds
+        if steps_due or time_due:
+            self.checkpoint(save)
+
+    def final_checkpoint(self, save: Save) -> None:
+        """Once training ended normally: one more checkpoint (``checkpoint.final``), unless one was just written."""
+        if self.trial.checkpoint_dir is None or not self.trial.checkpoint.final or self.setup_s is None:
+            return
+        if self._ckpt_step != self.env_steps_sampled or self.iterations == 0:
+            self.checkpoint(save, final=True)
+
+    def checkpoint(self, save: Save, *, final: bool = False) -> Path | None:
+        """Writes a checkpoint now (see :mod:`crossrl.adapters.checkpoints`); its time is left out of training time.
+        A checkpoint that cannot be written (a full disk) is a warning: the trial goes on without it."""
+        assert self.trial.checkpoint_dir is not None
+        t0 = time.perf_counter()
+        train_s = t0 - self._t0
+        meta = {
+            "trial": self.trial.name,
+            "engine": self.trial.engine,
+            "scenario": self.trial.scenario,
+            "fingerprint": self.trial.fingerprint,
+            "env_steps_sampled": self.env_steps_sampled,
+            "env_steps_trained": self._last_trained,
+            "iterations": self.iterations,
+            "episodes": self._episodes,
+            "train_s": train_s,
+            "final": final,
+        }
+        root = Path(self.trial.checkpoint_dir)
+        try:
+            folder, size = checkpoints.write(root, step=self.env_steps_sampled, save=save, meta=meta)
+            checkpoints.prune(root, self.trial.checkpoint.keep)
+        except OSError as e:
+            folder = None
+            self._emit({"kind": "warning", "message": f"no checkpoint at env step {self.env_steps_sampled}: {e}"})
+        dt = time.perf_counter() - t0
+        self._t0 += dt  # out of training time, and out of the next point's throughput interval
+        self._last_t += dt
+        self.checkpoint_s += dt
+        self._ckpt_step, self._ckpt_train_s = self.env_steps_sampled, train_s
+        if folder is not None:
+            self._emit(
+                {
+                    "kind": "checkpoint",
+                    "path": str(folder),
+                    "env_step": self.env_steps_sampled,
+                    "train_s": train_s,
+                    "bytes": size,
+                    "write_s": dt,
+                    "final": final,
+                }
+            )
+        return folder
 
     @property
     def exhausted(self) -> bool:
@@ -76,8 +191,7 @@ class MetricSink:
         budget = self.trial.budget
         if budget.stop_at_target and self.target_reached:
             return True
-        trained_s = time.perf_counter() - self._t0 if self.setup_s is not None else 0.0
-        if budget.train_seconds is not None and trained_s >= budget.train_seconds:
+        if budget.train_seconds is not None and self.train_s >= budget.train_seconds:
             return True
         return budget.env_steps is not None and self.env_steps_sampled >= budget.env_steps
 

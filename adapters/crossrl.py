@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from crossrl.adapters.base import MetricSink, send_clip
@@ -135,8 +137,17 @@ class CrossrlAdapter:
                     **({"policies": getattr(evaluators.local, "groups", {})} if trial.env.multi_agent else {}),
                 }
             )
-            sink.start_clock()
+            resumed = sink.resumed()
             sampled = trained = 0
+            if resumed is not None:  # the learning policy, the optimizer's counters and replay, as checkpointed
+                optimizer.set_state(load_state(resumed.path))
+                sampled, trained = resumed.env_steps_sampled, resumed.env_steps_trained
+            running_opt = optimizer
+
+            def save(folder: Path) -> dict[str, Any]:
+                return save_state(running_opt, folder)
+
+            sink.start_clock()
             iteration = 0
             while not sink.exhausted:
                 stats = optimizer.step()
@@ -149,9 +160,11 @@ class CrossrlAdapter:
                     episode_lengths=stats.episode_lengths,
                     values=stats.common_values(),
                 )
+                sink.checkpoint_if_due(save)
                 if self.on_iteration is not None:
                     self.on_iteration(iteration, evaluators)
                 iteration += 1
+            sink.final_checkpoint(save)
             running, optimizer = optimizer, None
             running.stop()  # no learner thread changes the policy while its clip is recorded
             local = evaluators.local
@@ -163,6 +176,62 @@ class CrossrlAdapter:
                 evaluators.stop()
             if started_ray and trial.ray_address is None:
                 cluster.disconnect()
+
+
+STATE_FILE = "core.pkl"
+
+
+def save_state(optimizer: PolicyOptimizer, folder: Path) -> dict[str, Any]:
+    """The optimizer's whole state (:meth:`~crossrl.core.optimizers.base.PolicyOptimizer.get_state`) in one pickle."""
+    state = optimizer.get_state()
+    with open(folder / STATE_FILE, "wb") as f:
+        pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+    held = ["policy weights", "Adam moments", "policy RNG", "env-step counters"]
+    if "buffer" in state or "shards" in state:
+        held += ["replay buffer", "target-network sync step"]
+    if "version" in state:
+        held.append("learner weight version")
+    return {"crossrl": f"{optimizer.name}.get_state", "holds": held}
+
+
+def load_state(folder: Path) -> dict[str, Any]:
+    with open(folder / STATE_FILE, "rb") as f:
+        state: dict[str, Any] = pickle.load(f)
+    return state
+
+
+def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[[Any], Any]:
+    """The trained policy of a checkpoint's engine folder, for one single-agent observation: greedy (argmax of the
+    logits or Q-values) or sampled from the policy (a Q-policy: epsilon-greedy at its final epsilon)."""
+    from crossrl.core import algorithms
+    from crossrl.core.envs import make_env
+
+    if trial.env.multi_agent:
+        raise ValueError(f"{trial.name}: reloading a multi-agent env's policies is not supported yet")
+    alg = algorithms.load(trial.algorithm)
+    env = make_env(trial.env)
+    try:
+        policy = alg.policy_cls(
+            observation_space=env.observation_space,
+            action_space=env.action_space,
+            hyperparams=alg.hyperparams(trial.hyperparams),
+            model=trial.model,
+            seed=trial.seed,
+        )
+    finally:
+        env.close()
+    state = load_state(folder)["policy"]
+    policy.set_weights(state["weights"])
+    if state.get("epsilon") is not None:  # a Q-policy explores at the epsilon it had reached
+        policy.set_epsilon(float(state["epsilon"]))
+    if greedy:
+        return greedy_act(policy)
+
+    def act(obs: Any) -> Any:
+        actions, _ = policy.compute_actions(obs[None], explore=True)
+        return actions[0]
+
+    return act
 
 
 def greedy_act(policy: Policy) -> Callable[[Any], Any]:

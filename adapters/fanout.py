@@ -40,7 +40,7 @@ import psutil
 from crossrl.adapters.base import MetricSink
 from crossrl.adapters.procs import UsageMeter
 from crossrl.adapters.signals import Interrupted, deferred_signals, held_signals
-from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult, open_trial
+from crossrl.adapters.trials import Carried, Progress, TrialRecorder, TrialResult, open_trial
 from crossrl.adapters.watch import TrialWatch, Verdict
 from crossrl.core.envguard import WATCH_DIR_ENV, register_stacks
 from crossrl.reports.store import ResultsStore
@@ -281,6 +281,7 @@ def run_fanned_out(
     beat: Any,
     log_dir: Path,
     attempts: dict[str, list[str]],
+    carried: dict[str, Carried] | None = None,
 ) -> None:
     """Run ``trials`` (each already bound to the cluster's address) up to ``parallel`` at once; append each
     result to ``results`` as it ends. A stop (KeyboardInterrupt) kills every running trial, records it KILLED,
@@ -300,6 +301,8 @@ def run_fanned_out(
             run_id = open_trial(store, parent_id, trial, spec=spec, attempts=attempts)
         group = placement_group(bundles(trial), strategy=PLACEMENTS[placement], name=f"crossrl-{run_id}")
         rec = TrialRecorder(trial, store=store, run_id=run_id, progress=progress)
+        if carried and trial.name in carried:
+            rec.carry_over(carried[trial.name])
         running[trial.name] = _Running(trial, rec, group, group.ready(), queued_at=time.perf_counter())
         progress("trial_start", {"trial": trial, "index": index, "total": total})
 

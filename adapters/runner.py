@@ -18,16 +18,18 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from crossrl.adapters import checkpoints
 from crossrl.adapters.procs import UsageMeter, kill_procs, process_tree
 from crossrl.adapters.registry import require_supported, unsupported
 from crossrl.adapters.signals import Interrupted, deferred_signals, deliver, held_signals
-from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult, open_trial
+from crossrl.adapters.trials import Carried, Progress, TrialRecorder, TrialResult, open_trial
 from crossrl.adapters.watch import TrialWatch
 from crossrl.core.cluster import LOCAL_RAY_ENV, disconnect
 from crossrl.reports.journal import JournalError
@@ -108,9 +110,13 @@ def _run_one(
     progress: Progress,
     log_dir: Path,
     beat: Callable[[], None] = lambda: None,
+    carried: Carried | None = None,
 ) -> TrialResult:
-    """One trial in a child process; the store always ends with the trial's status and what it logged."""
+    """One trial in a child process; the store always ends with the trial's status and what it logged. ``carried``:
+    the points of the attempt a resumed trial continues, up to its checkpoint."""
     rec = TrialRecorder(trial, store=store, run_id=run_id, progress=progress)
+    if carried is not None:
+        rec.carry_over(carried)
     result = rec.result
     log_path = log_dir / f"{trial.name}.log"
     t0 = time.perf_counter()
@@ -265,16 +271,33 @@ def run_scenario(
     ended: dict[str, str] = {}  # trial name -> status, for a resumed run's trials that need no new attempt
     attempts: dict[str, list[str]] = {}  # trial name -> run ids of a resumed run's unfinished attempts
     resumed_id = ""
+    carried: dict[str, Carried] = {}
     if resume is not None:
-        resumed_id, ended, attempts = _resume_point(store, spec, resume)
+        resumed_id, ended, attempts, root = _resume_point(store, spec, resume)
         trials = [t for t in trials if t.name not in ended]
+        checkpoint_root = Path(root) if root else new_checkpoint_root(store, spec)
+        carried = _checkpoints_to_resume(store, trials, attempts, checkpoint_root, notify)
+    else:
+        checkpoint_root = new_checkpoint_root(store, spec)
+    trials = [
+        t.model_copy(
+            update={
+                "checkpoint_dir": str(checkpoint_root / t.name),
+                "resume_from": str(carried[t.name].folder) if t.name in carried else None,
+            }
+        )
+        for t in trials
+    ]
     journal = store.start_journal(warn=lambda msg: notify("store_warning", {"message": msg}))
     try:
         if resume is None:
             parent_id = store.start_parent(spec, spec_path=spec_path, command=command)
+            store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(checkpoint_root)}, what="checkpoint folder")
         else:
             parent_id = resumed_id
             store.reopen_parent(parent_id)
+            if not root:
+                store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(checkpoint_root)}, what="checkpoint folder")
         outcome = RunOutcome(parent_id=parent_id, experiment_id=None, results=[], journal=journal.path)
         _run_trials(
             store,
@@ -287,6 +310,7 @@ def run_scenario(
             notify=notify,
             fresh=resume is None,
             fan_out=(parallel, placement) if parallel > 1 else None,
+            carried=carried,
         )
     except JournalError:
         store.end_journal(wait_s=min(store_wait_s, 10.0))  # what the journal holds goes on to the store
@@ -329,6 +353,7 @@ def _run_trials(
     notify: Progress,
     fresh: bool,
     fan_out: tuple[int, str] | None = None,
+    carried: dict[str, Carried] | None = None,
 ) -> None:
     """The trials, one after another (or ``fan_out`` = (parallel, placement) at once over a Ray cluster), then
     the parent run's ending (see run_scenario); writes go to the journal."""
@@ -350,7 +375,15 @@ def _run_trials(
                     continue
                 notify("trial_start", {"trial": trial, "index": index, "total": len(trials)})
                 outcome.results.append(
-                    _run_one(trial, store=store, run_id=run_id, progress=notify, log_dir=Path(tmp), beat=beat)
+                    _run_one(
+                        trial,
+                        store=store,
+                        run_id=run_id,
+                        progress=notify,
+                        log_dir=Path(tmp),
+                        beat=beat,
+                        carried=(carried or {}).get(trial.name),
+                    )
                 )
             if fan_out is not None and fanned:
                 from crossrl.adapters.fanout import run_fanned_out
@@ -368,6 +401,7 @@ def _run_trials(
                     beat=beat,
                     log_dir=Path(tmp),
                     attempts=attempts,
+                    carried=carried,
                 )
         if probe_ok:  # an env that failed the probe once is not probed again (a hang would cost its limit twice)
             _log_raw_speed(store, parent_id, spec, step=1)
@@ -406,8 +440,9 @@ ENDED = (M.FINISHED, M.FAILED, M.TIMEOUT, M.SKIPPED)  # a trial in one of these 
 
 def _resume_point(
     store: ResultsStore, spec: ScenarioSpec, resume: str
-) -> tuple[str, dict[str, str], dict[str, list[str]]]:
-    """The parent run to resume, its trials that ended (name -> status) and its unfinished attempts (name -> ids)."""
+) -> tuple[str, dict[str, str], dict[str, list[str]], str]:
+    """The parent run to resume, its trials that ended (name -> status), its unfinished attempts (name -> ids, oldest
+    first) and its checkpoint folder ("" for a run from before checkpoints)."""
     if resume == "latest":
         parents = store.parent_runs(spec.name)
         if not parents:
@@ -433,13 +468,61 @@ def _resume_point(
         )
     ended: dict[str, str] = {}
     attempts: dict[str, list[str]] = {}
-    for child in store.children(parent):
+    for child in sorted(store.children(parent), key=lambda r: r.info.start_time or 0):
         name, status = str(child.info.run_name), child.data.tags.get("status", "")
         if status in ENDED:
             ended[name] = status
         else:
             attempts.setdefault(name, []).append(str(child.info.run_id))
-    return parent_id, ended, attempts
+    return parent_id, ended, attempts, tags.get(CHECKPOINT_ROOT_TAG, "")
+
+
+CHECKPOINT_ROOT_TAG = "checkpoint.root"  # on a parent run: the folder of its trials' checkpoints
+
+
+def new_checkpoint_root(store: ResultsStore, spec: ScenarioSpec) -> Path:
+    """A new run's checkpoint folder: ``<results>/checkpoints/<scenario>/<UTC time>-<random>`` (known before the store
+    has the run, so a run started while the store is unreachable has one too)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return store.results_dir / "checkpoints" / spec.name / f"{stamp}-{uuid.uuid4().hex[:8]}"
+
+
+def _checkpoints_to_resume(
+    store: ResultsStore,
+    trials: list[Trial],
+    attempts: dict[str, list[str]],
+    root: Path,
+    notify: Progress,
+) -> dict[str, Carried]:
+    """Each trial that an interrupted attempt left a good checkpoint for: the checkpoint and the points that attempt
+    logged up to it. A corrupted or truncated checkpoint is passed over (one warning line each) for the one before;
+    a checkpoint of another spec or trial raises SpecError."""
+    out: dict[str, Carried] = {}
+    for trial in trials:
+        if trial.name not in attempts:
+            continue
+        try:
+            found = checkpoints.newest_good(
+                root / trial.name,
+                fingerprint=trial.fingerprint,
+                trial=trial.name,
+                warn=lambda msg, t=trial: notify("warning", {"trial": t, "message": msg}),  # type: ignore[misc]
+            )
+        except checkpoints.CheckpointMismatch as e:
+            raise SpecError([f"--resume: {e}"]) from None
+        if found is None:
+            continue
+        folder, meta = found
+        step = int(meta["env_steps_sampled"])
+        points: list[tuple[int, dict[str, float]]] = []
+        source = ""
+        for run_id in reversed(attempts[trial.name]):  # the newest attempt that logged anything
+            logged = store.points_of(run_id)
+            if logged:
+                points, source = [(s, p) for s, p in logged if s <= step], run_id
+                break
+        out[trial.name] = Carried(folder=folder, env_step=step, train_s=float(meta["train_s"]), points=points, run=source)
+    return out
 
 
 def _log_raw_speed(store: ResultsStore, parent_id: str, spec: ScenarioSpec, *, step: int) -> bool:

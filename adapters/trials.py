@@ -45,6 +45,23 @@ class TrialResult:
 
 Progress = Callable[[str, dict[str, Any]], None]  # event name, payload
 
+CHECKPOINT_LATEST_TAG = "checkpoint.latest"  # a trial's newest checkpoint folder
+RESUMED_TAGS = ("resumed.from_run", "resumed.env_step", "resumed.checkpoint")
+# Logged at a checkpoint's env step: how long writing it took, its size, the training seconds it holds.
+CHECKPOINT_WRITE_S, CHECKPOINT_MB, CHECKPOINT_TRAIN_S = "checkpoint.write_s", "checkpoint.mb", "checkpoint.train_s"
+
+
+@dataclass(frozen=True)
+class Carried:
+    """A resumed trial's start: the checkpoint it continues from and the points its interrupted attempt (``run``)
+    logged up to that checkpoint's env step; the points after it stay in that attempt only, which is superseded."""
+
+    folder: Path
+    env_step: int
+    train_s: float
+    points: list[tuple[int, dict[str, float]]]
+    run: str
+
 
 def summarize(
     points: list[tuple[int, dict[str, float]]], *, target: float | None, setup_s: float | None
@@ -86,6 +103,15 @@ class TrialRecorder:
         self.error: dict[str, str] | None = None
         self.done = False
         self.warned = False
+        self.checkpoint_s = 0.0  # seconds the trial spent writing checkpoints
+
+    def carry_over(self, carried: Carried) -> None:
+        """A resumed trial's run starts with the points its interrupted attempt logged up to the checkpoint, so it
+        holds the trial's one continuous curve."""
+        self.result.points = list(carried.points)
+        self.pending = list(carried.points)
+        tags = dict(zip(RESUMED_TAGS, (carried.run, str(carried.env_step), str(carried.folder)), strict=True))
+        self.store.set_tags(self.run_id, tags, what="resume tags")
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
@@ -96,6 +122,17 @@ class TrialRecorder:
             self.progress("point", {"trial": self.trial, "step": step, "values": values})
         elif kind == "setup":
             self.setup_s = float(msg["setup_s"])
+        elif kind == "checkpoint":
+            step = int(msg["env_step"])
+            self.checkpoint_s += float(msg["write_s"])
+            values = {
+                CHECKPOINT_WRITE_S: float(msg["write_s"]),
+                CHECKPOINT_MB: float(msg["bytes"]) / 2**20,
+                CHECKPOINT_TRAIN_S: float(msg["train_s"]),
+            }
+            self.pending.append((step, values))
+            self.flush()  # every point up to the checkpoint is journaled: a resume after a kill carries them over
+            self.store.set_tags(self.run_id, {CHECKPOINT_LATEST_TAG: str(msg["path"])}, what="checkpoint")
         elif kind == "tags":
             self.store.set_tags(self.run_id, msg["tags"], what="engine tags")
         elif kind == "native_config":

@@ -66,6 +66,13 @@ class PolicyMap:
         for p in self.policies.values():
             p.set_epsilon(epsilon)
 
+    def get_state(self) -> dict[str, Any]:
+        return {pid: p.get_state() for pid, p in self.policies.items()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        for pid, part in state.items():
+            self.policies[pid].set_state(part)
+
     def learn_on_batch(self, batch: SampleBatch) -> dict[str, float]:
         """Each policy learns on its own sub-batch; see :func:`merge_stats` for the stats."""
         parts = split_batch(batch)

@@ -85,6 +85,30 @@ class Policy(abc.ABC):
     def set_epsilon(self, epsilon: float) -> None:
         """Exploration hook for epsilon-greedy policies; a no-op for stochastic ones."""
 
+    def get_state(self) -> dict[str, Any]:
+        """Everything learning continues from (a checkpoint): the weights (a target network's too), the torch
+        optimizer's state (Adam's moments and step counts), the policy's random generator, its exploration epsilon."""
+        optimizer = getattr(self, "optimizer", None)
+        return {
+            "weights": self.get_weights(),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "rng": self.rng.bit_generator.state,
+            "epsilon": getattr(self, "epsilon", None),
+        }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Back to :meth:`get_state`'s state; the learning rate is then the one in this policy's hyperparameters
+        (a resumed or perturbed trial's own, not the saved one)."""
+        self.set_weights(state["weights"])
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is not None and state.get("optimizer") is not None:
+            optimizer.load_state_dict(state["optimizer"])
+            for group in optimizer.param_groups:
+                group["lr"] = float(self.hp["lr"])
+        self.rng.bit_generator.state = state["rng"]
+        if state.get("epsilon") is not None:
+            self.set_epsilon(float(state["epsilon"]))
+
 
 class FragmentActor(Protocol):
     """Acts for one fragment: ``actor(obs, t)`` returns step ``t``'s actions; ``columns()`` the per-step extras."""

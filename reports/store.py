@@ -547,6 +547,16 @@ class ResultsStore:
         with tempfile.TemporaryDirectory(prefix="crossrl-artifact-") as tmp:
             return Path(self.client.download_artifacts(run_id, name, tmp)).read_bytes()
 
+    def points_of(self, run_id: str) -> list[tuple[int, dict[str, float]]]:
+        """A trial run's points as its trial logged them: (env step, {metric: value}) in step order, point metrics
+        only (what ``crossrl run --resume`` carries over into the attempt that continues it)."""
+        df = self._history(self.client.get_run(run_id))
+        out: dict[int, dict[str, float]] = {}
+        for metric, step, value in zip(df.metric, df.step, df.value, strict=True):
+            if M.is_point_metric(str(metric)):
+                out.setdefault(int(step), {})[str(metric)] = float(value)
+        return sorted(out.items())
+
     def _history(self, run: Any) -> pd.DataFrame:
         run_id = run.info.run_id
         try:

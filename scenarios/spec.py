@@ -480,6 +480,46 @@ class BudgetSpec(BaseModel):
         return self
 
 
+DEFAULT_CHECKPOINT_EVERY_S = 300.0
+DEFAULT_CHECKPOINT_KEEP = 2
+
+
+class CheckpointSpec(BaseModel):
+    """When a trial writes a checkpoint (its engine's whole training state), so that ``crossrl run --resume`` continues
+    it from there after a kill and ``crossrl evaluate`` reloads its policy."""
+
+    model_config = _STRICT
+
+    every_env_steps: int | None = Field(
+        default=None, ge=1, description="a checkpoint each time this many env steps were sampled since the last one"
+    )
+    every_seconds: float | None = Field(
+        default=DEFAULT_CHECKPOINT_EVERY_S,
+        gt=0,
+        description=(
+            "a checkpoint each time this much training time passed since the last one (default "
+            f"{DEFAULT_CHECKPOINT_EVERY_S:g}; trials shorter than that write none but the final one); give "
+            "every_env_steps instead to count env steps, or null for both to write none during training"
+        ),
+    )
+    keep: int = Field(
+        default=DEFAULT_CHECKPOINT_KEEP, ge=1, description="how many of a trial's newest checkpoints are kept on disk"
+    )
+    final: bool = Field(
+        default=True,
+        description="write one more when the trial ends FINISHED (what `crossrl evaluate` reloads)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_interval(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("every_env_steps") is not None:
+            if data.get("every_seconds") is not None:
+                raise ValueError("give every_env_steps or every_seconds, not both")
+            data = {**data, "every_seconds": None}
+        return data
+
+
 class TargetSpec(BaseModel):
     model_config = _STRICT
 
@@ -520,6 +560,10 @@ class ScenarioSpec(BaseModel):
     target: TargetSpec = Field(default_factory=TargetSpec)
     seeds: tuple[int, ...] = (0,)
     regress: RegressSpec = Field(default_factory=RegressSpec, description="tolerances for `crossrl regress`")
+    checkpoint: CheckpointSpec = Field(
+        default_factory=CheckpointSpec,
+        description="when trials write checkpoints (`crossrl run --resume`, `crossrl evaluate`)",
+    )
 
     @field_validator("engines")
     @classmethod
@@ -565,9 +609,12 @@ class ScenarioSpec(BaseModel):
         """What determines a trial's conditions: everything but labels and the trial axes.
 
         Engines, worker counts and seeds choose *which* trials run; they are left out so that a run
-        restricted with ``--engines``/``--workers``/``--seeds`` stays comparable with the full one.
+        restricted with ``--engines``/``--workers``/``--seeds`` stays comparable with the full one. So is when
+        checkpoints are written (their cost is left out of training time).
         """
-        data = self.model_dump(mode="json", exclude={"name", "description", "engines", "seeds", "regress"})
+        data = self.model_dump(
+            mode="json", exclude={"name", "description", "engines", "seeds", "regress", "checkpoint"}
+        )
         data["algorithm"]["hyperparams"] = self.algorithm.resolved_hyperparams()
         data["execution"].pop("workers")
         data["execution"].pop("transport")  # how fragments travel, not what is sampled
@@ -624,6 +671,7 @@ class ScenarioSpec(BaseModel):
                 budget=self.budget,
                 target_return=self.target.episode_return_mean,
                 ray_address=ray_address,
+                checkpoint=self.checkpoint,
             )
             for workers in self.execution.workers
             for seed in self.seeds
@@ -715,6 +763,10 @@ class Trial(BaseModel):
     target_return: float | None = None
     ray_address: str | None = None
     transport: Transport = DEFAULT_TRANSPORT  # crossrl only
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    # Set by the runner: the folder this trial's checkpoints go to, and the checkpoint it continues from (--resume).
+    checkpoint_dir: str | None = None
+    resume_from: str | None = None
 
     @property
     def name(self) -> str:

@@ -25,7 +25,8 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,12 @@ class ReplayShard:
 
     def size(self) -> int:
         return len(self.buffer)
+
+    def get_state(self) -> PrioritizedReplayBuffer:
+        return self.buffer
+
+    def set_state(self, buffer: PrioritizedReplayBuffer) -> None:
+        self.buffer = buffer
 
 
 RemoteReplayShard = ray.remote(num_cpus=0)(ReplayShard)
@@ -117,6 +124,9 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         self._rng = np.random.default_rng([evaluators.seed, 11])
 
         self._lock = threading.Lock()
+        self._policy_lock = threading.Lock()  # the learner thread holds it while it changes the policy
+        self._last_target_sync = 0  # env steps sampled at the last target-network sync (the learner thread's)
+        self._sgd_steps = 0
         self._stop = threading.Event()
         self._sampled = 0  # env steps sampled (shared with the learner thread)
         self._trained = 0  # env steps trained, written by the learner thread
@@ -129,8 +139,8 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         self._in_flight: dict[ray.ObjectRef, int] = {}
         for i in range(len(evaluators.remotes)):
             self._launch(i)
+        # started by the first step(): a restored state (set_state) is not trained on before the trial's clock runs
         self._learner = threading.Thread(target=self._learner_loop, name="apex-learner", daemon=True)
-        self._learner.start()
 
     # -- driver: sampling ----------------------------------------------------------------------------
     def _launch(self, i: int) -> None:
@@ -164,6 +174,8 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         return float(self.hp["replay_ratio"]) * self._sampled - self._trained
 
     def step(self) -> StepStats:
+        if not self._learner.is_alive() and self._learner.ident is None:
+            self._learner.start()
         stats = StepStats()
         trained_before = self._trained
         idle: list[int] = []
@@ -214,8 +226,6 @@ class AsyncReplayOptimizer(PolicyOptimizer):
     def _learn_until_stopped(self) -> None:
         beta = float(self.hp["priority_beta"])
         pending: dict[ray.ObjectRef, int] = {}  # replay sample request -> shard index
-        last_target_sync = 0
-        sgd_steps = 0
         while not self._stop.is_set():
             with self._lock:
                 may_train = self._owed_locked() >= self.train_batch
@@ -235,22 +245,51 @@ class AsyncReplayOptimizer(PolicyOptimizer):
                 continue
             columns, ids, weights = replayed
             t0 = time.perf_counter()
-            learn_stats, td = self.policy.learn_on_replay_batch({**columns, sb.WEIGHTS: weights})
-            self.shards[j].update_priorities.remote(ids, td)
-            sgd_steps += 1
-            with self._lock:
-                sampled = self._sampled
-            if sampled - last_target_sync >= int(self.hp["target_update"]):
-                self.policy.update_target()
-                last_target_sync = sampled
-            if sgd_steps % self.weights_every == 0:
-                ref = ray.put(self.policy.get_weights())
+            with self._policy_lock:
+                learn_stats, td = self.policy.learn_on_replay_batch({**columns, sb.WEIGHTS: weights})
+                self.shards[j].update_priorities.remote(ids, td)
+                self._sgd_steps += 1
                 with self._lock:
-                    self._weights_ref, self._weights_version = ref, self._weights_version + 1
-            with self._lock:
-                self._trained += self.train_batch
-                self._learn_stats.append(learn_stats)
-                self._learn_s += time.perf_counter() - t0
+                    sampled = self._sampled
+                if sampled - self._last_target_sync >= int(self.hp["target_update"]):
+                    self.policy.update_target()
+                    self._last_target_sync = sampled
+                if self._sgd_steps % self.weights_every == 0:
+                    ref = ray.put(self.policy.get_weights())
+                    with self._lock:
+                        self._weights_ref, self._weights_version = ref, self._weights_version + 1
+                with self._lock:
+                    self._trained += self.train_batch
+                    self._learn_stats.append(learn_stats)
+                    self._learn_s += time.perf_counter() - t0
+
+    @contextmanager
+    def _paused(self) -> Iterator[None]:
+        with self._policy_lock:  # the learner thread waits between two SGD steps
+            yield
+
+    def _own_state(self) -> dict[str, Any]:
+        """Every replay shard's buffer (transitions and priorities), the sampled count the replay ratio reads, the
+        learner's target-sync and SGD-step counters. Sample requests in flight are not part of it."""
+        with self._lock:
+            sampled, trained = self._sampled, self._trained
+        return {
+            "shards": ray.get([shard.get_state.remote() for shard in self.shards]),
+            "sampled": sampled,
+            "trained": trained,
+            "last_target_sync": self._last_target_sync,
+            "sgd_steps": self._sgd_steps,
+        }
+
+    def _set_own_state(self, state: Mapping[str, Any]) -> None:
+        if len(state["shards"]) != len(self.shards):
+            raise ValueError(f"a checkpoint of {len(state['shards'])} replay shards cannot restore {len(self.shards)}")
+        ray.get([shard.set_state.remote(buf) for shard, buf in zip(self.shards, state["shards"], strict=True)])
+        self._last_target_sync, self._sgd_steps = int(state["last_target_sync"]), int(state["sgd_steps"])
+        ref = ray.put(self.policy.get_weights())
+        with self._lock:
+            self._sampled, self._trained = int(state["sampled"]), int(state["trained"])
+            self._weights_ref, self._weights_version = ref, self._weights_version + 1
 
     def _raise_learner_error(self) -> None:
         if self._learner_error is not None:
@@ -262,7 +301,8 @@ class AsyncReplayOptimizer(PolicyOptimizer):
 
     def stop(self) -> None:
         self._stop.set()
-        self._learner.join(timeout=10.0)
+        if self._learner.is_alive():
+            self._learner.join(timeout=10.0)
         for ref in list(self._in_flight):
             try:
                 ray.cancel(ref)

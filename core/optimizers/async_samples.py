@@ -16,7 +16,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,18 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         self._worker_version = [-1] * len(evaluators.remotes)
         self._weights: tuple[int, ray.ObjectRef | bytes] | None = None
         self._started = False
+
+    @contextmanager
+    def _paused(self) -> Iterator[None]:
+        with self.learner.lock:  # between two learner updates; fragments queued for it are not part of the state
+            yield
+
+    def _own_state(self) -> dict[str, Any]:
+        return {"version": self.learner.version}
+
+    def _set_own_state(self, state: Mapping[str, Any]) -> None:
+        self.learner.version = int(state["version"])
+        self._weights = None  # the restored weights go out with the next requests
 
     def _weights_ref(self) -> tuple[int, ray.ObjectRef | bytes]:
         """The newest weights, packed once per learner update: inline bytes when small, else one ``ray.put``."""

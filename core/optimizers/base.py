@@ -71,6 +71,41 @@ class PolicyOptimizer(abc.ABC):
     def stop(self) -> None:
         """Stop background threads and in-flight work (the evaluator set is stopped by its owner)."""
 
+    def get_state(self) -> dict[str, Any]:
+        """What training continues from after a restart (a checkpoint; called between steps): the counters, the
+        learning policy's state (:meth:`~crossrl.core.policy.Policy.get_state`) and the optimizer's own
+        (:meth:`_own_state`: a replay buffer, a target-sync counter), taken together under :meth:`_paused`."""
+        with self._paused():
+            return {
+                "optimizer": self.name,
+                "num_steps_sampled": self.num_steps_sampled,
+                "num_steps_trained": self.num_steps_trained,
+                "policy": self.evaluators.local.policy.get_state(),
+                **self._own_state(),
+            }
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Back to :meth:`get_state`'s state, before the first :meth:`step`. The evaluators keep their own envs,
+        which start their episodes from reset: episodes in flight at the checkpoint are not part of it."""
+        if state.get("optimizer") != self.name:
+            raise ValueError(f"a checkpoint of optimizer {state.get('optimizer')!r} cannot restore {self.name}")
+        with self._paused():
+            self.num_steps_sampled = int(state["num_steps_sampled"])
+            self.num_steps_trained = int(state["num_steps_trained"])
+            self.evaluators.local.policy.set_state(state["policy"])
+            self._set_own_state(state)
+
+    @contextmanager
+    def _paused(self) -> Iterator[None]:
+        """Holds a background learner (if any) between its updates."""
+        yield
+
+    def _own_state(self) -> dict[str, Any]:
+        return {}
+
+    def _set_own_state(self, state: Mapping[str, Any]) -> None:
+        """The part :meth:`_own_state` saved."""
+
     @contextmanager
     def timer(self, key: str) -> Iterator[None]:
         """Accumulate wall seconds under ``key`` (e.g. ``metrics.TIME_SAMPLE_S``) until :meth:`pop_timers`."""

@@ -119,6 +119,16 @@ class SyncReplayOptimizer(PolicyOptimizer):
                 self._weights_dirty = True
         return out
 
+    def _own_state(self) -> dict[str, Any]:
+        """The replay buffer (its transitions, priorities, insertion count and sampling generator), the training owed
+        under ``replay_ratio`` and the env step of the last target-network sync."""
+        return {"buffer": self.buffer, "owed": self._owed, "last_target_sync": self._last_target_sync}
+
+    def _set_own_state(self, state: Mapping[str, Any]) -> None:
+        self.buffer = state["buffer"]
+        self._owed, self._last_target_sync = float(state["owed"]), int(state["last_target_sync"])
+        self._weights_dirty = True
+
     def _learn_once(self) -> dict[str, float]:
         if isinstance(self.buffer, PrioritizedReplayBuffer):
             cols, ids, weights = self.buffer.sample_prioritized(self.train_batch, beta=float(self.hp["priority_beta"]))

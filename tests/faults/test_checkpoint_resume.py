@@ -1,0 +1,101 @@
+"""A trial killed mid-run continues from its checkpoint, on every engine: `crossrl run` SIGKILLed once its trial has
+written two checkpoints, the newer one then damaged, and `crossrl run --resume` passes over the damaged one with one
+line, continues from the one before, ends FINISHED, and the resumed trial's run holds one continuous curve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from crossrl.adapters import checkpoints
+from crossrl.reports.store import SUPERSEDED_TAG, ResultsStore
+from crossrl.scenarios import metrics as M
+
+CLI = [sys.executable, "-m", "crossrl.cli"]
+BUDGET, EVERY = 8000, 1500
+
+
+def _spec(tmp_path: Path, engine: str) -> Path:
+    spec = {
+        "name": f"ck-{engine}",
+        "env": {"id": "CartPole-v1"},
+        "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 500, "minibatch": 250, "epochs": 2}},
+        "engines": [engine],
+        "budget": {"env_steps": BUDGET, "wall_seconds": 300},
+        "checkpoint": {"every_env_steps": EVERY, "keep": 3},
+    }
+    path = tmp_path / f"ck-{engine}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _gone(pids: list[int], within_s: float = 60) -> None:
+    deadline = time.monotonic() + within_s
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, "processes of the killed run are still alive"
+        time.sleep(0.2)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine", ["crossrl", "rllib", "torchrl"])
+def test_a_killed_trial_resumes_from_its_newest_good_checkpoint(engine: str, results_dir: Path, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, engine)
+    trial = f"{engine}-ppo-w1-s0"
+    proc = subprocess.Popen(
+        [*CLI, "run", str(spec), "--results-dir", str(results_dir), "--no-report"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    while len(found := checkpoints.checkpoints(next(iter(results_dir.glob(f"checkpoints/*/*/{trial}")), tmp_path))) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before two checkpoints"
+        time.sleep(0.2)
+    tree = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+    os.kill(proc.pid, signal.SIGKILL)  # a lost node: nothing is closed, nothing is cleaned up
+    proc.wait(timeout=30)
+    _gone(tree)
+    newer, older = found[0], found[1]
+    older_step = checkpoints.read_meta(older)["env_steps_sampled"]
+    victim = max((p for p in (newer / "engine").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])  # a half-written disk block
+
+    out = subprocess.run(
+        [*CLI, "run", str(spec), "--resume", "--no-report", "--results-dir", str(results_dir)],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    said = [line for line in (out.stdout + out.stderr).splitlines() if "cannot be used" in line]
+    assert len(said) == 1 and newer.name in said[0] and "truncated" in said[0], said
+
+    store = ResultsStore(None, results_dir=results_dir)
+    parent = store.parent_runs(f"ck-{engine}")[0]
+    runs = store.children(parent, superseded=True)
+    killed = next(r for r in runs if SUPERSEDED_TAG in r.data.tags)
+    rerun = next(r for r in runs if SUPERSEDED_TAG not in r.data.tags)
+    assert killed.data.tags[SUPERSEDED_TAG] == rerun.info.run_id
+    assert rerun.data.tags["status"] == "FINISHED", rerun.data.tags.get("reason")
+    assert rerun.data.tags["resumed.env_step"] == str(older_step)
+    assert rerun.data.tags["resumed.from_run"] == killed.info.run_id
+
+    before = store.points_of(killed.info.run_id)
+    after = store.points_of(rerun.info.run_id)
+    steps = [s for s, _ in after]
+    assert steps == sorted(set(steps)) and steps[-1] >= BUDGET  # one curve, in order, to the budget
+    assert after[: len([s for s, _ in before if s <= older_step])] == [(s, p) for s, p in before if s <= older_step]
+    new = [(s, p) for s, p in after if s > older_step]
+    iteration = max(b - a for a, b in zip(steps, steps[1:], strict=False))
+    # env steps sampled across both attempts: at most the budget, one checkpoint interval and one iteration more
+    assert before[-1][0] + (steps[-1] - older_step) <= BUDGET + EVERY + iteration + iteration
+    assert new[0][1][M.WALL_TIME_S] > after[len(after) - len(new) - 1][1][M.WALL_TIME_S]  # training time goes on
+    loaded = store.load(scenario=f"ck-{engine}")
+    assert list(loaded.trials.trial) == [trial] and list(loaded.trials.status) == ["FINISHED"]
