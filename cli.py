@@ -490,6 +490,60 @@ def report(
 
 
 @app.command()
+def evaluate(
+    target: Annotated[
+        str, typer.Argument(metavar="RUN_OR_TRIAL", help="a trial's run id, a `crossrl run`'s run id, or a scenario")
+    ],
+    episodes: Annotated[int, typer.Option("--episodes", min=1, help="episodes per trial")] = 10,
+    greedy: Annotated[
+        bool, typer.Option("--greedy/--sample", help="the argmax action, or one sampled from the policy")
+    ] = True,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """Reload trained policies from their trials' newest checkpoints and play them, without training: the return's
+    mean and 95 % CI per trial (also stored as the trial run's evaluate.* tags)."""
+    from rich.table import Table
+
+    from crossrl.adapters.checkpoints import CheckpointMismatch
+    from crossrl.adapters.evaluate import EVAL_TAGS, EvaluateError, evaluate, newest_checkpoint, trials_to_evaluate
+    from crossrl.reports.store import StoreError
+
+    store = _open_store(tracking_uri, results_dir)
+    table = Table(title=f"{target}: {episodes} episodes each, {'greedy' if greedy else 'sampled'} actions")
+    for col in ("trial", "checkpoint env step", "return mean", "95% CI", "min", "max", "mean length"):
+        table.add_column(col)
+    problems = []
+    try:
+        todo = trials_to_evaluate(store, target)
+    except (EvaluateError, StoreError) as e:
+        _fail([str(e)])
+    for trial, run in todo:
+        try:
+            folder, meta = newest_checkpoint(trial, run)
+            result = evaluate(trial, str(run.info.run_id), folder, meta, episodes=episodes, greedy=greedy)
+        except (EvaluateError, CheckpointMismatch, ValueError) as e:
+            problems.append(f"{trial.name}: {e}" if not str(e).startswith(trial.name) else str(e))
+            continue
+        low, high = result.ci()
+        table.add_row(
+            trial.name,
+            f"{result.env_step:,}",
+            f"{result.mean:.1f}",
+            f"[{low:.1f}, {high:.1f}]",
+            f"{min(result.returns):g}",
+            f"{max(result.returns):g}",
+            f"{sum(result.lengths) / len(result.lengths):.0f}",
+        )
+        values = (f"{result.mean:g}", f"{low:g}", f"{high:g}", str(episodes), "greedy" if greedy else "sample")
+        store.set_tags(str(run.info.run_id), dict(zip(EVAL_TAGS, values, strict=True)), what="evaluation")
+    if table.row_count:
+        _console().print(table)
+    if problems:
+        _fail(problems)
+
+
+@app.command()
 def runs(
     scenario: Annotated[str | None, typer.Argument(help="only this scenario's runs")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many, newest first")] = 50,

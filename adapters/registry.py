@@ -31,6 +31,9 @@ class EngineInfo:
     multi_agent: dict[str, str] | None = None
     multi_agent_optimizers: tuple[str, ...] = ()
     multi_agent_target: str | None = None  # "module:Class" for trials on multi-agent envs, when not ``target``
+    # "module:function": load_policy(trial, folder, *, greedy) -> act(obs), a trained policy from a checkpoint's
+    # engine folder (`crossrl evaluate`); None: the engine cannot reload one
+    policy_loader: str | None = None
 
     def reason_unsupported(self, algorithm: str) -> str | None:
         if algorithm in self.supported:
@@ -57,6 +60,7 @@ BUILTIN: dict[str, EngineInfo] = {
     "crossrl": EngineInfo(
         id="crossrl",
         target="crossrl.adapters.crossrl:CrossrlAdapter",
+        policy_loader="crossrl.adapters.crossrl:load_policy",
         description="crossrl's own core on Ray (RLlib paper: policy graph, evaluator actors, optimizers)",
         supported={
             "ppo": "sync_samples (or async_gradients)",
@@ -76,6 +80,7 @@ BUILTIN: dict[str, EngineInfo] = {
     "rllib": EngineInfo(
         id="rllib",
         target="crossrl.adapters.rllib:RllibAdapter",
+        policy_loader="crossrl.adapters.rllib:load_policy",
         description="Ray RLlib 2.60, new API stack, through AlgorithmConfig",
         supported={
             "ppo": "PPO: env runners sample synchronously, local learner",
@@ -95,6 +100,7 @@ BUILTIN: dict[str, EngineInfo] = {
     "torchrl": EngineInfo(
         id="torchrl",
         target="crossrl.adapters.torchrl:TorchrlAdapter",
+        policy_loader="crossrl.adapters.torchrl:load_policy",
         multi_agent_target="crossrl.adapters.torchrl_multi:TorchrlMultiAgentAdapter",
         description="TorchRL 0.14: collectors, losses and value estimators",
         supported={
@@ -140,6 +146,10 @@ def _extra_engines() -> dict[str, EngineInfo]:
 
 def engines() -> dict[str, EngineInfo]:
     return {**BUILTIN, **_extra_engines()}
+
+
+def engine_info(engine_id: str) -> EngineInfo:
+    return engines()[engine_id]
 
 
 def engine_ids() -> list[str]:

@@ -78,7 +78,11 @@ def test_the_newest_good_one_is_taken_a_damaged_newer_one_passed_over_with_one_l
     lines: list[str] = []
     found = C.newest_good(tmp_path, fingerprint="f" * 16, trial="t", warn=lines.append)
     assert found is not None and found[0].name == "ckpt-000000000100"
-    assert len(lines) == 1 and lines[0].startswith("checkpoint ckpt-000000000200 cannot be used") and "truncated" in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith("checkpoint ckpt-000000000200 cannot be used")
+        and "truncated" in lines[0]
+    )
     assert C.newest_good(tmp_path / "none", fingerprint="f" * 16, trial="t") is None
 
 
