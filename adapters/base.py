@@ -84,6 +84,7 @@ class MetricSink:
         self.target_reached = False
         self.iterations = 0  # points so far
         self.checkpoint_s = 0.0  # seconds spent writing checkpoints, left out of training time
+        self.last_checkpoint: Path | None = None  # the folder of the newest checkpoint written
         self._resumed: Resumed | None = None
         if trial.resume_from is not None:
             folder = Path(trial.resume_from)
@@ -115,6 +116,11 @@ class MetricSink:
                 checkpoints.set_rng_state(pickle.load(f))
             message |= {"resumed_from": str(r.folder), "resumed_env_step": r.env_steps_sampled, "train_s": r.train_s}
         self._emit(message)
+
+    @property
+    def current_checkpoint(self) -> Path | None:
+        """The checkpoint written at the latest point (the final one, once training ended), or None."""
+        return self.last_checkpoint if self._ckpt_step == self.env_steps_sampled else None
 
     @property
     def train_s(self) -> float:
@@ -170,6 +176,7 @@ class MetricSink:
         self._last_t += dt
         self.checkpoint_s += dt
         self._ckpt_step, self._ckpt_train_s = self.env_steps_sampled, train_s
+        self.last_checkpoint = folder
         if folder is not None:
             self._emit(
                 {
@@ -273,28 +280,40 @@ class ListSink(MetricSink):
         return [m["values"] for m in self.messages if m["kind"] == "point"]
 
 
-CLIP_TAGS = ("clip", "clip.score", "clip.length", "clip.ended", "clip.seed")
+CLIP_TAGS = ("clip", "clip.score", "clip.length", "clip.ended", "clip.seed", "clip.policy")
 """The trial's tags about its clip: the artifact's name, the episode's raw score, its length in env steps, whether it
-ended within the frame cap, the seed it was reset with (read by ``crossrl.reports.render``)."""
+ended within the frame cap, the seed it was reset with, where its policy came from (read by
+``crossrl.reports.render``)."""
 
 
 def send_clip(sink: MetricSink, make_act: Callable[[], Callable[[Any], Any]]) -> None:
     """Once training has ended, on a single-agent pixel env: one episode of the final policy from the trial's seed
     (:func:`crossrl.core.clips.record_episode`), sent as the trial's artifact ``clip.gif`` with its score and
     length as tags (:data:`CLIP_TAGS`). ``make_act()`` gives the engine's greedy rule (argmax of the logits or
-    Q-values) for one observation. Never raises: a clip that cannot be made is a warning line in the trial's log."""
+    Q-values) for one observation. When the trial has just written its final checkpoint, the policy is reloaded from it
+    the way ``crossrl evaluate`` does (the engine's ``policy_loader``), so a clip shows what a checkpoint holds; else
+    ``make_act()``. Never raises: a clip that cannot be made is a warning line in the trial's log."""
     trial = sink.trial
     if trial.env.multi_agent or trial.env.resolved_preprocessing not in ("atari", "minatar"):
         return
     try:
+        from crossrl.adapters.registry import engine_info, load_target
         from crossrl.core.clips import CLIP_FORMAT, encode_clip, record_episode
 
         t0 = time.perf_counter()
-        rec = record_episode(trial.env, make_act(), seed=trial.seed)
+        folder, loader = sink.current_checkpoint, engine_info(trial.engine).policy_loader
+        act: Callable[[Any], Any]
+        if folder is not None and loader is not None:
+            load_policy: Any = load_target(loader)
+            act = load_policy(trial, folder / checkpoints.ENGINE_DIR, greedy=True)
+            source = f"checkpoint {folder.name}"
+        else:
+            act, source = make_act(), "the live engine"
+        rec = record_episode(trial.env, act, seed=trial.seed)
         data = encode_clip(rec.frames, rec.fps)
         name = f"clip.{CLIP_FORMAT}"
         sink.artifact(name, data)
-        values = (name, f"{rec.score:g}", str(rec.length), str(rec.ended).lower(), str(trial.seed))
+        values = (name, f"{rec.score:g}", str(rec.length), str(rec.ended).lower(), str(trial.seed), source)
         sink.tags(**dict(zip(CLIP_TAGS, values, strict=True)))
         print(
             f"clip: {len(rec.frames)} frames, score {rec.score:g} in {rec.length} steps, {len(data) / 1024:.0f} KiB, "

@@ -12,20 +12,36 @@ Episode statistics come from an ``on_episode_end`` callback that logs each finis
 
 Multi-agent envs (``env.agents`` set, PPO only): :mod:`crossrl.adapters.rllib_multi` (ParallelPettingZooEnv, one
 RLModule per policy id, team and per-agent returns, per-policy losses).
+
+Checkpoints (:func:`save_engine`, :func:`restore`): RLlib's own ``Algorithm.save_to_path`` (learner: RLModule weights
+with DQN's target network, Adam's moments and step counts; the local env runner's connector states; the metrics
+logger with RLlib's lifetime counters; the training iteration), plus DQN's replay buffer, which the new API stack
+does not save. A resumed trial restores them with ``restore_from_path``, then pushes the learner's weights and the
+connector states to every remote env runner and waits for them (RLlib 2.60 sends its own sync fire-and-forget, and
+drops it when a ``set_state`` request is still in flight: measured, a remote runner kept its fresh weights), and
+re-applies the trial's ``lr`` (Adam's ``load_state_dict`` brings back the saved one). Env steps count on from the
+checkpoint's (:class:`StepOffsets`). Not restored: episodes in flight (the envs start from reset), the env runners'
+random states (a resumed trial's runners are seeded from the trial's seed and the checkpoint's env step,
+:func:`resume_seed`), IMPALA's batches in flight. :func:`load_policy` reloads a checkpoint's RLModule without Ray.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
+import pickle
 import re
+import sys
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from crossrl.adapters.base import MetricSink, send_clip
+from crossrl.adapters.checkpoints import ENGINE_DIR, META, Resumed
 from crossrl.adapters.rllib_results import (
     LOSS_KEYS,
     env_steps_sampled,
@@ -444,6 +460,16 @@ def _episode_pairs(items: Any) -> list[tuple[float, int]]:
     return out
 
 
+def trained_steps(result: Mapping[str, Any], *, algorithm: str, epochs: int = 1) -> int | None:
+    """The env steps trained so far (lifetime) a ``train()`` result reports: None for PPO (it trains on every sampled
+    step), else the rows the learner consumed divided by the passes made over each batch (see
+    :func:`result_to_point`)."""
+    if algorithm == "ppo":
+        return None
+    rows = finite(result_get(result, "learners", "default_policy", "num_module_steps_trained_lifetime"))
+    return int(rows / max(epochs, 1)) if rows is not None else None
+
+
 def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 1) -> dict[str, Any]:
     """One ``train()`` result -> the keyword arguments of :meth:`MetricSink.point`.
 
@@ -453,10 +479,7 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     # minibatch update (4842 for one 512-step PPO batch in 9 minibatches, measured), so it is not
     # used. PPO trains on every sampled step (None: the sink takes env_steps_sampled); IMPALA and
     # DQN report the rows their learner consumed, divided by the passes made over each batch.
-    trained = None
-    if algorithm != "ppo":
-        rows = finite(result_get(result, "learners", "default_policy", "num_module_steps_trained_lifetime"))
-        trained = rows / max(epochs, 1) if rows is not None else None
+    trained = trained_steps(result, algorithm=algorithm, epochs=epochs)
     episodes = _episode_pairs(result_get(result, "env_runners", _ITEM_KEY))
     policy = result_get(result, "learners", "default_policy") or {}
     # A non-finite loss or gradient norm is training that diverged (the sink fails the trial), except from
@@ -470,7 +493,7 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     }
     return {
         "env_steps_sampled": env_steps_sampled(result),
-        "env_steps_trained": int(trained) if trained is not None else None,
+        "env_steps_trained": trained,
         "episode_returns": [float(r) for r, _ in episodes],
         "episode_lengths": [int(n) for _, n in episodes],
         "values": {k: v for k, v in values.items() if v is not None},
@@ -494,6 +517,262 @@ def greedy_act(algo: Any) -> Callable[[Any], Any]:
         if "actions" in out:
             return int(out["actions"][0])
         return int(torch.argmax(out["action_dist_inputs"][0]))
+
+    return act
+
+
+# -- checkpoints ----------------------------------------------------------------------------------
+
+REPLAY_FILE: Final = "replay_buffer.pkl"
+"""DQN's replay buffer (``get_state()``), beside RLlib's own files: ``Algorithm.save_to_path`` leaves it out."""
+
+
+def resume_seed(trial: Trial, resumed: Resumed | None) -> int:
+    """RLlib's seed (``config.debugging(seed=...)``: the env runners' env resets and action sampling): the trial's,
+    or for a resumed trial one drawn from (trial seed, the checkpoint's env step) by NumPy's ``SeedSequence``, as
+    TorchRL's collector seed is: a resume replays neither the env seeds of the trial's start (a fresh env runner
+    would, measured: the first episodes after a restore were those of iteration 1) nor those of an earlier resume."""
+    if resumed is None:
+        return trial.seed
+    import numpy as np
+
+    state = np.random.SeedSequence([trial.seed, resumed.env_steps_sampled]).generate_state(1)[0]
+    return int(state >> 1)  # < 2**31, with room for RLlib's per-runner and per-env offsets
+
+
+def _peek(algo: Any, *path: str) -> float | None:
+    """A value of the algorithm's metrics logger (e.g. a lifetime counter), None while it has none (RLlib 2.60's
+    ``peek`` raises KeyError for a missing key even with a default)."""
+    try:
+        return finite(algo.metrics.peek(path))
+    except (KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def engine_counters(algo: Any, *, algorithm: str, epochs: int = 1) -> tuple[int, int | None]:
+    """(env steps sampled, env steps trained) as RLlib's metrics logger holds them now, in the units
+    :func:`result_to_point` reports them (trained None for PPO and multi-agent PPO)."""
+    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+    sampled = _peek(algo, ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
+    rows = _peek(algo, "learners", "default_policy", "num_module_steps_trained_lifetime")
+    result: dict[str, Any] = {
+        "env_runners": {"num_env_steps_sampled_lifetime": sampled},
+        "learners": {"default_policy": {"num_module_steps_trained_lifetime": rows}},
+    }
+    return env_steps_sampled(result), trained_steps(result, algorithm=algorithm, epochs=epochs)
+
+
+@dataclass(frozen=True)
+class StepOffsets:
+    """What a resumed trial adds to RLlib's env-step counters so that they go on from the checkpoint's, never from 0
+    and never counted twice: the checkpoint's counters minus those RLlib's restored metrics hold. RLlib 2.60 restores
+    its lifetime counters with the metrics logger (measured: 768 sampled at the save, 768 after restore_from_path,
+    1024 after one more 256-step PPO iteration), so both are 0 there; they are not if a version stops doing so."""
+
+    sampled: int = 0
+    trained: int = 0
+
+    @classmethod
+    def at_restore(cls, resumed: Resumed, *, engine_sampled: int, engine_trained: int | None) -> StepOffsets:
+        """``engine_*``: RLlib's counters right after the restore (:func:`engine_counters`). A trained count RLlib
+        has none of while its sampled count came back is one it had none of at the save either (DQN before
+        learning starts; PPO, whose points carry none): its points then count as an unbroken run's would."""
+        if engine_trained is None:
+            trained = 0 if engine_sampled else resumed.env_steps_trained
+        else:
+            trained = resumed.env_steps_trained - engine_trained
+        return cls(resumed.env_steps_sampled - engine_sampled, trained)
+
+    def apply(self, point: dict[str, Any]) -> dict[str, Any]:
+        """``point`` (the keyword arguments of :meth:`MetricSink.point`) with its counters moved on."""
+        out = {**point, "env_steps_sampled": int(point["env_steps_sampled"]) + self.sampled}
+        if point.get("env_steps_trained") is not None:
+            out["env_steps_trained"] = int(point["env_steps_trained"]) + self.trained
+        return out
+
+
+def save_engine(algo: Any, folder: Path) -> dict[str, Any]:
+    """The algorithm's whole training state into ``folder`` (the sink's ``save``): RLlib's ``save_to_path``
+    (``learner_group/``: the RLModules, target networks included, and the optimizers' state; ``env_runner/``: the
+    connector states; ``algorithm_state.pkl``: the metrics logger with the lifetime counters, the training
+    iteration), and DQN's replay buffer (:data:`REPLAY_FILE`). Returns what it holds."""
+    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
+
+    folder = Path(folder).resolve()  # pyarrow (RLlib's file system layer) refuses relative paths
+    algo.save_to_path(folder)
+    described: dict[str, Any] = {
+        "rllib": "Algorithm.save_to_path",
+        "components": sorted(name for name, _ in algo.get_checkpointable_components()),
+        "rllib_env_steps_sampled": _peek(algo, ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
+        "rllib_training_iteration": int(algo.iteration),
+    }
+    buffer = getattr(algo, "local_replay_buffer", None)
+    if buffer is not None:
+        with open(folder / REPLAY_FILE, "wb") as f:
+            pickle.dump(buffer.get_state(), f, protocol=pickle.HIGHEST_PROTOCOL)
+        described |= {"replay_buffer": REPLAY_FILE, "replay_env_steps": int(buffer.get_num_timesteps())}
+    return described
+
+
+def _set_runner_state(runner: Any, *, state: dict[str, Any]) -> None:
+    runner.set_state(state)
+
+
+def _learning_rates(learner: Any) -> list[float]:
+    return [
+        float(group["lr"])
+        for module_id, _ in learner.module.items()
+        for _name, optimizer in learner.get_optimizers_for_module(module_id)
+        for group in optimizer.param_groups
+    ]
+
+
+def _set_learning_rate(learner: Any, *, lr: float) -> list[float]:
+    """Every optimizer of the learner at ``lr``; returns the param groups' learning rates."""
+    for module_id, _ in learner.module.items():
+        for _name, optimizer in learner.get_optimizers_for_module(module_id):
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+    return _learning_rates(learner)
+
+
+def learning_rates(algo: Any) -> list[float]:
+    """The learning rates of every param group of every optimizer of every learner."""
+    return [lr for result in algo.learner_group.foreach_learner(_learning_rates) for lr in result.get()]
+
+
+def push_to_env_runners(algo: Any) -> int:
+    """Every env runner (remote and local) gets the learner's weights (inference-only, with the learner's weights
+    sequence number), the connector states the local env runner restored and RLlib's lifetime env-step count, and
+    this waits until they have them. RLlib 2.60's restore_from_path sends the weights fire-and-forget under the tag
+    ``set_state`` and drops the request when one is still in flight (``max_requests_in_flight_per_env_runner``
+    is 1): measured, a remote runner kept its fresh weights (sequence number 0 against the learner's 3). Returns
+    how many env runners were updated."""
+    import ray
+    from ray.rllib.core import (
+        COMPONENT_ENV_TO_MODULE_CONNECTOR,
+        COMPONENT_LEARNER,
+        COMPONENT_MODULE_TO_ENV_CONNECTOR,
+        COMPONENT_RL_MODULE,
+    )
+    from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME, WEIGHTS_SEQ_NO
+
+    learner = algo.learner_group.get_state(
+        components=f"{COMPONENT_LEARNER}/{COMPONENT_RL_MODULE}", inference_only=True
+    )[COMPONENT_LEARNER]
+    state: dict[str, Any] = {}
+    if algo.env_runner is not None:
+        state |= algo.env_runner.get_state(not_components=[COMPONENT_RL_MODULE])
+    else:
+        state[COMPONENT_ENV_TO_MODULE_CONNECTOR] = algo.env_to_module_connector.get_state()
+        state[COMPONENT_MODULE_TO_ENV_CONNECTOR] = algo.module_to_env_connector.get_state()
+    sampled = _peek(algo, ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME)
+    if sampled is not None:
+        state[NUM_ENV_STEPS_SAMPLED_LIFETIME] = int(sampled)
+    # The weights go to the object store once; a runner's set_state fetches them (ray.get of an ObjectRef).
+    state[COMPONENT_RL_MODULE] = ray.put(learner[COMPONENT_RL_MODULE])
+    state[WEIGHTS_SEQ_NO] = int(learner.get(WEIGHTS_SEQ_NO, 0))  # 0: forced; else newer than a fresh runner's 0
+    done = algo.env_runner_group.foreach_env_runner(
+        functools.partial(_set_runner_state, state=state), local_env_runner=True
+    )
+    return len(done)
+
+
+def restore(algo: Any, path: Path, *, lr: float | None) -> dict[str, Any]:
+    """Restores ``algo`` (built from the trial's config, not trained yet) from an engine folder :func:`save_engine`
+    wrote: RLlib's ``restore_from_path``, DQN's replay buffer, the learning rate ``lr`` re-applied to every optimizer
+    (``torch.optim.Optimizer.load_state_dict`` restores the saved one, and RLlib's scheduler sets the config's only
+    after the next update: Population Based Training changes ``lr`` between a save and a restore), then
+    :func:`push_to_env_runners`. Returns what it did."""
+    path = Path(path).resolve()
+    algo.restore_from_path(path)
+    done: dict[str, Any] = {"restored_from": str(path)}
+    buffer = getattr(algo, "local_replay_buffer", None)
+    if buffer is not None and (path / REPLAY_FILE).is_file():
+        with open(path / REPLAY_FILE, "rb") as f:
+            buffer.set_state(pickle.load(f))
+        done["replay_env_steps"] = int(buffer.get_num_timesteps())
+    if lr is not None:
+        results = algo.learner_group.foreach_learner(_set_learning_rate, lr=lr)
+        done["lr"] = sorted({x for result in results for x in result.get()})
+    done["env_runners_synced"] = push_to_env_runners(algo)
+    return done
+
+
+def _checkpoint_env_step(folder: Path) -> int | None:
+    """The env step a checkpoint's engine folder was written at, from the ``crossrl.json`` beside it."""
+    try:
+        return int(json.loads((folder.parent / META).read_text())["env_steps_sampled"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[[Any], Any]:
+    """The policy a checkpoint holds, for ONE single-agent observation: ``act(obs) -> action``, without Ray, env
+    runners or training.
+
+    ``folder``: the checkpoint's folder or its engine folder (:func:`save_engine`); the learner's RLModule is rebuilt
+    with ``RLModule.from_checkpoint`` from ``learner_group/learner/rl_module/default_policy``. ``greedy``: the
+    deterministic action (the argmax of the logits or of the Q-values, as :func:`greedy_act`; a Gaussian's mean);
+    else RLlib's exploration: a sample from the action distribution, or for DQN epsilon-greedy at the epsilon its
+    schedule had reached at the checkpoint's env step. A Box action goes through RLlib's ``normalize_actions`` /
+    ``clip_actions`` as the env runners send it to the env. Multi-agent trials: ValueError.
+    """
+    if trial.env.multi_agent:
+        raise ValueError(
+            f"{trial.name}: load_policy acts for one single-agent observation; an RLlib multi-agent checkpoint holds "
+            "one RLModule per policy id under learner_group/learner/rl_module/<policy id>"
+        )
+    import numpy as np
+    import torch
+    from gymnasium import spaces
+    from ray.rllib.core import (
+        COMPONENT_LEARNER,
+        COMPONENT_LEARNER_GROUP,
+        COMPONENT_RL_MODULE,
+        DEFAULT_MODULE_ID,
+    )
+    from ray.rllib.core.rl_module.rl_module import RLModule
+    from ray.rllib.utils.spaces.space_utils import clip_action, unsquash_action
+
+    folder = Path(folder)
+    if (folder / ENGINE_DIR).is_dir():
+        folder = folder / ENGINE_DIR
+    module_dir = folder / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE / DEFAULT_MODULE_ID
+    if not module_dir.is_dir():
+        raise ValueError(
+            f"{folder} holds no RLlib RLModule at {module_dir.relative_to(folder)} (not an rllib checkpoint?)"
+        )
+    module: Any = RLModule.from_checkpoint(module_dir.resolve())  # a TorchRLModule (an nn.Module)
+    module.eval()
+    space = module.action_space
+    config = build_config(trial, plan=ResourcePlan(1, 1.0, 0, ""), env_name="unused")
+    t = _checkpoint_env_step(folder)
+    if t is None:
+        t = int(trial.hyperparams.get("epsilon_timesteps", 0))  # DQN: its final epsilon
+
+    def act(obs: Any) -> Any:
+        batch = {"obs": torch.as_tensor(np.asarray(obs))[None]}
+        with torch.no_grad():
+            out = module.forward_inference(batch) if greedy else module.forward_exploration(batch, t=t)
+            if "actions" in out:
+                action = out["actions"]
+            else:
+                dist_cls = (
+                    module.get_inference_action_dist_cls() if greedy else module.get_exploration_action_dist_cls()
+                )
+                dist = dist_cls.from_logits(out["action_dist_inputs"])
+                action = (dist.to_deterministic() if greedy else dist).sample()
+        a = action[0].numpy()
+        if isinstance(space, spaces.Discrete):
+            return int(a)
+        if isinstance(space, spaces.Box):
+            if config.normalize_actions:
+                return unsquash_action(a, space)
+            if config.clip_actions:
+                return clip_action(a, space)
+        return a
 
     return act
 
@@ -529,6 +808,9 @@ class RllibAdapter:
             env_name = f"crossrl-{trial.fingerprint}-{uuid.uuid4().hex[:8]}"
             register_env(env_name, env_creator)
             config = build_config(trial, plan=plan, env_name=env_name)
+            resumed = sink.resumed()
+            if resumed is not None:  # the runners' envs and sampling from fresh seeds (resume_seed)
+                config.debugging(seed=resume_seed(trial, resumed))
             algo = config.build_algo()
             native = native_config(config)
             if trial.env.resolved_reward_clip:  # clip_rewards above is the old stack's, unread by the new one
@@ -548,16 +830,26 @@ class RllibAdapter:
             else:
                 epochs = int(config.num_epochs)
                 to_point = functools.partial(result_to_point, algorithm=trial.algorithm, epochs=epochs)
+            offsets = StepOffsets()
+            if resumed is not None:
+                restored = restore(algo, resumed.path, lr=trial.hp("lr"))
+                sampled, trained = engine_counters(algo, algorithm=trial.algorithm, epochs=int(config.num_epochs))
+                offsets = StepOffsets.at_restore(resumed, engine_sampled=sampled, engine_trained=trained)
+                restored |= {"rllib_env_steps_sampled": sampled, "step_offsets": [offsets.sampled, offsets.trained]}
+                print(f"rllib: restored {json.dumps(restored)}", file=sys.stderr, flush=True)
             sink.start_clock()
             sink.tags(engine_version=ray.__version__, rllib_resources=plan.note, **cluster)
             sink.native_config(native)
+            built = algo
+            save = functools.partial(save_engine, built)
             iteration = 0
             while not sink.exhausted:
-                sink.point(**to_point(algo.train()))
+                sink.point(**offsets.apply(to_point(algo.train())))
+                sink.checkpoint_if_due(save)
                 if self.on_iteration is not None:
                     self.on_iteration(iteration, algo)
                 iteration += 1
-            built = algo
+            sink.final_checkpoint(save)
             send_clip(sink, lambda: greedy_act(built))
         finally:
             if algo is not None:

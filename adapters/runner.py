@@ -521,7 +521,9 @@ def _checkpoints_to_resume(
             if logged:
                 points, source = [(s, p) for s, p in logged if s <= step], run_id
                 break
-        out[trial.name] = Carried(folder=folder, env_step=step, train_s=float(meta["train_s"]), points=points, run=source)
+        out[trial.name] = Carried(
+            folder=folder, env_step=step, train_s=float(meta["train_s"]), points=points, run=source
+        )
     return out
 
 

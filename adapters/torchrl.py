@@ -10,6 +10,12 @@ Collectors: ``Collector`` (one worker, in this process), ``MultiSyncCollector`` 
 workers; PPO, A2C, DQN), ``MultiAsyncCollector`` (A3C-style and IMPALA: workers keep sampling with
 stale weights while the learner trains), ``RayCollector`` when the trial names a Ray cluster. The
 learners (losses, estimators, replay) live in :mod:`crossrl.adapters.torchrl_algos`.
+
+Checkpoints (:func:`train_loop`): the learner's whole state (``learner.save(folder)``: networks, target networks,
+Adam, counters, epsilon, DQN's replay buffer). A resumed trial restores it, pushes the weights to the collector
+and counts on from the checkpoint's env steps; its collector's envs start from reset (episodes in flight at the
+checkpoint are not saved) and are seeded anew (:func:`collector_seed`). :func:`load_policy` rebuilds a saved
+policy without envs or collector.
 """
 
 from __future__ import annotations
@@ -20,15 +26,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 import torchrl
 from tensordict import TensorDictBase
 from torchrl.envs import Compose, EnvBase, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
 from crossrl.adapters.base import MetricSink, send_clip
-from crossrl.adapters.torchrl_algos import build_learner
+from crossrl.adapters.checkpoints import ENGINE_DIR, Resumed
+from crossrl.adapters.torchrl_algos import build_learner, check_algorithm, read_state
 from crossrl.core.envs import make_env
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
@@ -376,7 +385,7 @@ class TorchrlAdapter:
         learner = build_learner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
         collector, collector_desc = build_collector(trial=trial, policy=learner.policy)
         try:
-            collector.set_seed(trial.seed)
+            collector.set_seed(collector_seed(trial, sink.resumed()))
             sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], **tags)
             sink.native_config(
                 {
@@ -394,7 +403,6 @@ class TorchrlAdapter:
                     "torch_num_threads": {"learner": torch.get_num_threads(), "collector_workers": 1},
                 }
             )  # fmt: skip
-            sink.start_clock()
             train_loop(collector=collector, learner=learner, sink=sink, reward_clip=trial.env.resolved_reward_clip)
             send_clip(sink, lambda: greedy_act(learner))
         finally:
@@ -411,6 +419,57 @@ def greedy_act(learner: Any) -> Callable[[Any], int]:
             return int(torch.argmax(net(torch.as_tensor(obs)[None])[0]))
 
     return act
+
+
+def sample_act(learner: Any) -> Callable[[Any], int]:
+    """As :func:`greedy_act`, but a sample from the categorical over the policy's logits (DQN: still the argmax)."""
+    if hasattr(learner, "qnet"):
+        return greedy_act(learner)
+    net = learner.actor_net
+
+    def act(obs: Any) -> int:
+        with torch.no_grad():
+            logits = net(torch.as_tensor(obs)[None])[0]
+            return int(torch.distributions.Categorical(logits=logits).sample())
+
+    return act
+
+
+def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[[Any], Any]:
+    """The policy a checkpoint holds, for ONE single-agent observation: ``act(obs) -> action``.
+
+    ``folder``: the checkpoint's folder or its engine folder. The learner's networks are rebuilt from the trial (no
+    envs, no collector: the observation shape and number of actions are read from the checkpoint) and loaded from
+    it. ``greedy``: the argmax of the policy's logits or the Q-values (:func:`greedy_act`); else a sample from the
+    categorical over the logits (DQN acts greedily either way). Multi-agent trials: ValueError.
+    """
+    if trial.env.multi_agent:
+        raise ValueError(
+            f"{trial.name}: load_policy acts for one single-agent observation; a multi-agent trial's checkpoint holds "
+            "one policy per group (crossrl.adapters.torchrl_multi.MultiAgentLearner.restore)"
+        )
+    folder = Path(folder)
+    if (folder / ENGINE_DIR).is_dir():
+        folder = folder / ENGINE_DIR
+    state = read_state(folder)
+    check_algorithm(state, trial.algorithm)
+    dims = state["dims"]
+    learner = build_learner(trial=trial, obs_shape=tuple(dims["obs_shape"]), n_actions=int(dims["n_actions"]))
+    learner.load_state_dict(state)
+    for net in (getattr(learner, "qnet", None), getattr(learner, "actor_net", None)):
+        if net is not None:
+            net.eval()
+    return greedy_act(learner) if greedy else sample_act(learner)
+
+
+def collector_seed(trial: Trial, resumed: Resumed | None) -> int:
+    """The seed of the collector's envs: the trial's, or for a resumed trial one drawn from (trial seed, the
+    checkpoint's env step) by NumPy's ``SeedSequence``: a resume neither replays the env seeds of the trial's start
+    nor those of an earlier resume, and two resumes from the same checkpoint get the same seeds."""
+    if resumed is None:
+        return trial.seed
+    state = np.random.SeedSequence([trial.seed, resumed.env_steps_sampled]).generate_state(1)[0]
+    return int(state >> 1)  # < 2**31: every env takes it, with SerialEnv's +1 per env
 
 
 Episodes = Callable[[TensorDictBase], tuple[list[float], list[int], dict[str, float]]]
@@ -441,9 +500,20 @@ def train_loop(
     """Sample, learn, sync weights, report; until the sink's budget is spent. ``episodes(data)``: the returns and
     lengths of the episodes that ended in a batch, and values to report beside them (a multi-agent env's
     per-agent returns). ``reward_clip``: the learner gets the batch's rewards as their sign, once the episodes'
-    raw returns are read."""
-    batches = iter(collector)
+    raw returns are read.
+
+    Starts the sink's clock; before it, a resumed trial's learner is restored from its checkpoint
+    (``learner.restore``), the weights pushed to the collector, and the env-step counters continued. A checkpoint
+    (``learner.save``) when the sink says one is due after a point, and a final one after the loop.
+    """
     sampled = trained = 0
+    resumed = sink.resumed()
+    if resumed is not None:
+        learner.restore(resumed.path)
+        sync_weights(collector)
+        sampled, trained = resumed.env_steps_sampled, resumed.env_steps_trained
+    sink.start_clock()
+    batches = iter(collector)
     while not sink.exhausted:
         t0 = time.perf_counter()
         try:
@@ -476,3 +546,5 @@ def train_loop(
             episode_lengths=lengths,
             values=values,
         )
+        sink.checkpoint_if_due(learner.save)
+    sink.final_checkpoint(learner.save)

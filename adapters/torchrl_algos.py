@@ -9,10 +9,12 @@ and the metric sink; this module owns only the maths that TorchRL provides.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.data import Categorical as CategoricalSpec
@@ -43,6 +45,73 @@ PRIORITIZED_REPLAY_UNAVAILABLE = (
     "extension (SumSegmentTreeFp32), which does not load with torch 2.13. Set prioritized_replay: false "
     "for dqn on torchrl, or run it on crossrl (apex/prioritized replay is not offered on torchrl)."
 )
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------------
+#
+# A learner's checkpoint is one ``torch.save`` file (LEARNER_FILE: networks, target networks, optimiser, counters;
+# only tensors, numbers and strings, so it loads with ``weights_only=True``) and, for DQN, the replay buffer as
+# TorchRL's ``ReplayBuffer.dumps`` writes it (REPLAY_DIR: the storage memory-mapped, one file per key, and the
+# writer's cursor). The loss modules' hyperparameter buffers (entropy_coeff, clip_epsilon, critic_coeff, gamma ...)
+# are not restored: they come from the trial, which Population Based Training may have changed between a save and
+# a restore; so does the learning rate, re-applied to every param group after the optimiser's state is loaded.
+
+LEARNER_FILE = "learner.pt"
+REPLAY_DIR = "replay"
+STATE_FORMAT = 1
+
+
+def learned_state(loss: nn.Module) -> dict[str, torch.Tensor]:
+    """The loss module's trained tensors: its networks' parameters (``*_network_params``) and their target copies
+    (``target_*_network_params``), by ``state_dict`` name; not its hyperparameter buffers."""
+    return {k: v for k, v in loss.state_dict().items() if k.split(".", 1)[0].endswith("_network_params")}
+
+
+def load_learned_state(loss: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copies ``state`` (from :func:`learned_state`) into ``loss`` in place (the optimiser and the collector's
+    policy keep the same tensors); a checkpoint of other networks is an error, not a partial load."""
+    want = set(learned_state(loss))
+    if set(state) != want:
+        missing, extra = sorted(want - set(state)), sorted(set(state) - want)
+        raise ValueError(
+            f"torchrl checkpoint: the loss's networks differ (missing {missing[:3]}, unexpected {extra[:3]})"
+        )
+    loss.load_state_dict(dict(state), strict=False)
+
+
+def load_optimizer(optim: torch.optim.Optimizer, state: Mapping[str, Any], lr: float) -> None:
+    """The optimiser's saved state (Adam's moments and step counts), then the trial's ``lr`` on every param group."""
+    optim.load_state_dict(dict(state))
+    for group in optim.param_groups:
+        group["lr"] = lr
+
+
+def save_state(folder: Path, state: Mapping[str, Any]) -> None:
+    torch.save(dict(state), folder / LEARNER_FILE)
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """A learner's saved state (:data:`LEARNER_FILE` in ``folder``, the checkpoint's engine folder)."""
+    path = Path(folder) / LEARNER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"torchrl checkpoint: no {LEARNER_FILE} in {folder}")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"torchrl checkpoint: {path} is not a learner state of format {STATE_FORMAT}")
+    return state
+
+
+def check_algorithm(state: Mapping[str, Any], algorithm: str) -> None:
+    if state.get("algorithm") != algorithm:
+        raise ValueError(f"torchrl checkpoint: a {state.get('algorithm')!r} learner's, not {algorithm!r}'s")
+
+
+def _td_to_state(td: TensorDictBase) -> dict[str, Any]:
+    return {"data": td.to_dict(), "batch_size": list(td.batch_size)}
+
+
+def _td_from_state(state: Mapping[str, Any]) -> TensorDictBase:
+    return TensorDict(state["data"], batch_size=state["batch_size"])
 
 
 def build_net(*, obs_shape: tuple[int, ...], out_dim: int, model: ModelSpec, out_gain: float = 1.0) -> nn.Module:
@@ -137,6 +206,7 @@ class OnPolicyLearner:
     def __init__(self, *, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> None:
         self.trial = trial
         self.algo = trial.algorithm
+        self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
         self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=trial.model)
         self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
         self.actor = build_actor(net=self.actor_net, n_actions=n_actions)
@@ -179,6 +249,7 @@ class OnPolicyLearner:
         self.train_batch = int(trial.hp("train_batch"))
         self._pending: list[TensorDictBase] = []
         self._pending_frames = 0
+        self.grad_steps = 0
         self.always_sync = False
 
     def learn(self, data: TensorDictBase) -> tuple[int, dict[str, float]]:
@@ -204,8 +275,39 @@ class OnPolicyLearner:
         return flat.numel(), mean_stats(stats)
 
     def _step(self, batch: TensorDictBase) -> dict[str, float]:
+        self.grad_steps += 1
         return loss_step(self.loss, batch, optim=self.optim, params=self.params, grad_clip=self.grad_clip,
                          vf_coeff=self.vf_coeff)  # fmt: skip
+
+    # -- checkpoints (see LEARNER_FILE) ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Actor and critic weights, Adam's state, the gradient-step count and IMPALA's batches not yet learned."""
+        return {
+            "format": STATE_FORMAT,
+            "algorithm": self.algo,
+            "dims": {"obs_shape": list(self.obs_shape), "n_actions": self.n_actions},
+            "loss": learned_state(self.loss),
+            "optim": self.optim.state_dict(),
+            "counters": {"grad_steps": self.grad_steps, "pending_frames": self._pending_frames},
+            "pending": [_td_to_state(td) for td in self._pending],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_algorithm(state, self.algo)
+        load_learned_state(self.loss, state["loss"])
+        load_optimizer(self.optim, state["optim"], float(self.trial.hp("lr")))
+        self.grad_steps = int(state["counters"]["grad_steps"])
+        self._pending = [_td_from_state(p) for p in state["pending"]]
+        self._pending_frames = int(state["counters"]["pending_frames"])
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """The learner's whole state into ``folder`` (a checkpoint's engine folder); a description of it."""
+        save_state(folder, self.state_dict())
+        return {"learner": type(self).__name__, "algorithm": self.algo, "grad_steps": self.grad_steps,
+                "pending_frames": self._pending_frames, "files": [LEARNER_FILE]}  # fmt: skip
+
+    def restore(self, folder: Path) -> None:
+        self.load_state_dict(read_state(folder))
 
     def native(self) -> dict[str, Any]:
         return {
@@ -234,6 +336,8 @@ class DQNLearner:
         if trial.hp("prioritized_replay"):
             raise NotImplementedError(PRIORITIZED_REPLAY_UNAVAILABLE)
         self.trial = trial
+        self.algo = trial.algorithm
+        self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
         spec = CategoricalSpec(n_actions)
         self.qnet = build_net(obs_shape=obs_shape, out_dim=n_actions, model=trial.model)
         self.qvalue = QValueActor(self.qnet, in_keys=[OBS_KEY], spec=spec)
@@ -252,8 +356,10 @@ class DQNLearner:
         self.loss = DQNLoss(self.qvalue, action_space=spec, **self.loss_kwargs)
         self.gamma = float(trial.hp("gamma"))
         self.loss.make_value_estimator(ValueEstimators.TD0, gamma=self.gamma)
-        # Copy on every call: crossrl's target_update counts env steps, so the adapter decides when.
-        self.target = HardUpdate(self.loss, value_network_update_interval=1)
+        # Copy on every call: crossrl's target_update counts env steps, so the adapter decides when. TorchRL 0.14's
+        # HardUpdate copies when its call counter equals the interval and only then resets it, so interval 1
+        # copied on every other call (measured); 0 copies on every one.
+        self.target = HardUpdate(self.loss, value_network_update_interval=0)
         self.n_step = int(trial.hp("n_step"))
         self.multistep = MultiStep(gamma=self.gamma, n_steps=self.n_step) if self.n_step > 1 else None
         self.batch_size = int(trial.hp("train_batch"))
@@ -271,6 +377,7 @@ class DQNLearner:
         self._sampled = 0
         self._last_target = 0
         self._owed = 0.0  # replayed transitions owed to reach replay_ratio (carried across batches)
+        self.grad_steps = 0
         self.always_sync = True  # epsilon anneals every batch, so workers need it even before learning
 
     def learn(self, data: TensorDictBase) -> tuple[int, dict[str, float]]:
@@ -291,10 +398,57 @@ class DQNLearner:
             grad_norm = clip_and_step(self.optim, self.params, self.grad_clip)
             steps.append({M.VALUE_LOSS: as_float(out["loss"]), M.DIAG_GRAD_NORM: grad_norm})
             self._owed -= self.batch_size
+            self.grad_steps += 1
         if self._sampled - self._last_target >= self.target_update:
             self.target.step()
             self._last_target = self._sampled
         return len(steps) * self.batch_size, {**mean_stats(steps), **self.diagnostics()}
+
+    # -- checkpoints (see LEARNER_FILE) ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Q-network and target weights, Adam's state, epsilon, the counters; not the replay buffer (:meth:`save`)."""
+        return {
+            "format": STATE_FORMAT,
+            "algorithm": self.algo,
+            "dims": {"obs_shape": list(self.obs_shape), "n_actions": self.n_actions},
+            "loss": learned_state(self.loss),
+            "optim": self.optim.state_dict(),
+            "epsilon": self.greedy.eps.detach().clone(),
+            "counters": {
+                "sampled": self._sampled,
+                "last_target": self._last_target,
+                "owed": self._owed,
+                "grad_steps": self.grad_steps,
+                "target_update_calls": int(self.target.counter),
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_algorithm(state, self.algo)
+        load_learned_state(self.loss, state["loss"])
+        load_optimizer(self.optim, state["optim"], float(self.trial.hp("lr")))
+        # eps_init / eps_end / annealing_num_steps stay the trial's; epsilon itself continues where it was
+        self.greedy.eps.copy_(state["epsilon"])
+        c = state["counters"]
+        self._sampled, self._last_target, self._owed = int(c["sampled"]), int(c["last_target"]), float(c["owed"])
+        self.grad_steps = int(c["grad_steps"])
+        self.target.counter = int(c["target_update_calls"])
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """The learner's whole state into ``folder``: :meth:`state_dict` and the replay buffer
+        (``ReplayBuffer.dumps``: the whole pre-allocated storage, memory-mapped, and the writer's cursor)."""
+        save_state(folder, self.state_dict())
+        files = [LEARNER_FILE]
+        if len(self.buffer):  # TorchRL cannot dump a storage that holds nothing yet
+            self.buffer.dumps(folder / REPLAY_DIR)
+            files.append(REPLAY_DIR)
+        return {"learner": type(self).__name__, "algorithm": self.algo, "grad_steps": self.grad_steps,
+                "replay_size": len(self.buffer), "epsilon": float(self.greedy.eps), "files": files}  # fmt: skip
+
+    def restore(self, folder: Path, *, replay: bool = True) -> None:
+        self.load_state_dict(read_state(folder))
+        if replay and (Path(folder) / REPLAY_DIR).is_dir():
+            self.buffer.loads(Path(folder) / REPLAY_DIR)
 
     def diagnostics(self) -> dict[str, float]:
         """Exploration epsilon and replay size now (reported at every point, learning or not)."""

@@ -14,6 +14,10 @@ all of the group's agents, each acting on its own observation) under a categoric
 critic of the same kind on the agent's own observation (no centralised critic), ``GAE`` and ``ClipPPOLoss`` /
 ``A2CLoss`` with every key set to the group's, and its own Adam optimiser and gradient clip: independent
 learners, as crossrl's ``PolicyMap``.
+
+Checkpoints: every group's actor and critic weights, Adam state and gradient-step count in one file
+(:meth:`MultiAgentLearner.save`); a resumed trial continues as a single-agent one does
+(:func:`crossrl.adapters.torchrl.train_loop`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -35,7 +41,17 @@ from torchrl.objectives import A2CLoss, ClipPPOLoss
 from torchrl.objectives.value import GAE
 
 from crossrl.adapters.base import MetricSink
-from crossrl.adapters.torchrl_algos import loss_step
+from crossrl.adapters.torchrl_algos import (
+    LEARNER_FILE,
+    STATE_FORMAT,
+    check_algorithm,
+    learned_state,
+    load_learned_state,
+    load_optimizer,
+    loss_step,
+    read_state,
+    save_state,
+)
 from crossrl.core.envs import make_parallel_env
 from crossrl.core.maths import mean_stats
 from crossrl.core.models import activation_class, count_params
@@ -283,6 +299,7 @@ class GroupLearner:
         self.params = list(self.loss.parameters())
         self.optim = torch.optim.Adam(self.params, lr=float(trial.hp("lr")))
         self.grad_clip = float(trial.hp("grad_clip"))
+        self.grad_steps = 0
 
     def learn(self, data: TensorDictBase) -> dict[str, float]:
         """GAE over the group's part of the whole batch, then PPO's epochs of shuffled minibatches (or one A2C step).
@@ -308,8 +325,20 @@ class GroupLearner:
         return mean_stats(stats)
 
     def _step(self, batch: TensorDictBase) -> dict[str, float]:
+        self.grad_steps += 1
         return loss_step(self.loss, batch, optim=self.optim, params=self.params, grad_clip=self.grad_clip,
                          vf_coeff=self.vf_coeff)  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """The group's actor and critic weights, Adam's state and gradient-step count."""
+        return {"loss": learned_state(self.loss), "optim": self.optim.state_dict(),
+                "counters": {"grad_steps": self.grad_steps}}  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """As :meth:`state_dict` gave it; the loss's coefficients and the learning rate stay the trial's."""
+        load_learned_state(self.loss, state["loss"])
+        load_optimizer(self.optim, state["optim"], float(self.trial.hp("lr")))
+        self.grad_steps = int(state["counters"]["grad_steps"])
 
     def param_count(self) -> int:
         """Trainable parameters of the group's actor and critic (one MLP each, shared by its agents)."""
@@ -352,6 +381,35 @@ class MultiAgentLearner:
         for pid, stats in per_policy.items():
             out.update({M.policy_metric(pid, k): v for k, v in stats.items()})
         return data.numel(), out
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "format": STATE_FORMAT,
+            "algorithm": self.trial.algorithm,
+            "multi_agent": True,
+            "dims": {pid: {"agents": list(g.dims.agents), "obs_dim": g.dims.obs_dim, "n_actions": g.dims.n_actions}
+                     for pid, g in self.groups.items()},
+            "groups": {pid: g.state_dict() for pid, g in self.groups.items()},
+        }  # fmt: skip
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_algorithm(state, self.trial.algorithm)
+        if set(state.get("groups", {})) != set(self.groups):
+            raise ValueError(
+                f"torchrl checkpoint: policies {sorted(state.get('groups', {}))}, this trial has {sorted(self.groups)}"
+            )
+        for pid, g in self.groups.items():
+            g.load_state_dict(state["groups"][pid])
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """Every policy's state into ``folder`` (a checkpoint's engine folder); a description of it."""
+        save_state(folder, self.state_dict())
+        return {"learner": type(self).__name__, "algorithm": self.trial.algorithm,
+                "grad_steps": {pid: g.grad_steps for pid, g in self.groups.items()}, "files": [LEARNER_FILE]}  # fmt: skip
+
+    def restore(self, folder: Path) -> None:
+        self.load_state_dict(read_state(folder))
 
     def native(self) -> dict[str, Any]:
         trial = self.trial
@@ -397,14 +455,14 @@ def run_multi_agent(trial: Trial, sink: MetricSink, tags: dict[str, str]) -> Non
 
     import torchrl
 
-    from crossrl.adapters.torchrl import mapping_for, train_loop
+    from crossrl.adapters.torchrl import collector_seed, mapping_for, train_loop
 
     dims = ma_env_dims(trial.env)
     learner = MultiAgentLearner(trial=trial, dims=dims)
     collector, collector_desc = build_ma_collector(trial=trial, policy=learner.policy)
     groups = {pid: d.agents for pid, d in dims.items()}
     try:
-        collector.set_seed(trial.seed)
+        collector.set_seed(collector_seed(trial, sink.resumed()))
         sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], **tags)
         mapping = mapping_for(trial.algorithm)
         sink.native_config(
@@ -425,7 +483,6 @@ def run_multi_agent(trial: Trial, sink: MetricSink, tags: dict[str, str]) -> Non
                 "torch_num_threads": {"learner": torch.get_num_threads(), "collector_workers": 1},
             }
         )  # fmt: skip
-        sink.start_clock()
 
         def episodes(data: TensorDictBase) -> tuple[list[float], list[int], dict[str, float]]:
             returns, lengths, agent_returns = completed_ma_episodes(data, groups)

@@ -623,6 +623,7 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "clip_score": _num(tags.get("clip.score")),
         "clip_length": _num(tags.get("clip.length")),
         "clip_ended": tags.get("clip.ended", "") != "false",
+        "clip_policy": tags.get("clip.policy", ""),
     }
     for k in ("workers", "envs_per_worker", "seed"):
         row[k] = int(row[k]) if str(row[k]).isdigit() else -1

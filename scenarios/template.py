@@ -50,6 +50,10 @@ budget:
   env_steps: 100000          # env steps sampled per trial (or train_seconds: training time)
   wall_seconds: 1200         # hard limit per trial, set-up included: past it the trial is a TIMEOUT
 
+checkpoint:                  # what `crossrl run --resume` continues a killed trial from, `crossrl evaluate` reloads
+  every_seconds: 300         # one per 5 min of training (or every_env_steps: N); keep the newest 2
+  keep: 2
+
 target:
   episode_return_mean: null  # the return that defines steps and seconds to target (null: none)
 

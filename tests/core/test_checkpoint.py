@@ -119,8 +119,8 @@ def test_a_checkpoint_restores_bit_identical_state_and_a_resumed_trial_continues
     setup = next(m for m in resumed.messages if m["kind"] == "setup")
     assert setup["resumed_env_step"] == meta["env_steps_sampled"]
     first, last = resumed.points[0], resumed.points[-1]
-    assert meta["env_steps_sampled"] < first[M.ENV_STEPS_SAMPLED] < meta["env_steps_sampled"] + 2 * (
-        CASES[case][3] + 1000
+    assert (
+        meta["env_steps_sampled"] < first[M.ENV_STEPS_SAMPLED] < meta["env_steps_sampled"] + 2 * (CASES[case][3] + 1000)
     )
     assert first[M.WALL_TIME_S] > meta["train_s"]  # training time continues, too
     assert first[M.EPISODES_TOTAL] >= meta["episodes"]

@@ -65,6 +65,8 @@ def test_pixel_smoke_finishes_on_every_engine(scenario: str, tmp_path: Path) -> 
         assert row["clip"] == "clip.gif", f"{name}: no clip artifact"
         assert math.isfinite(row["clip_score"]) and row["clip_score"] >= 0, f"{name}: clip.score {row['clip_score']}"
         assert row["clip_length"] >= 1, f"{name}: clip.length {row['clip_length']}"
+        # the clip's policy is reloaded from the final checkpoint, the way `crossrl evaluate` does
+        assert row["clip_policy"].startswith("checkpoint ckpt-"), f"{name}: clip.policy {row['clip_policy']!r}"
         gif = Image.open(io.BytesIO(store.artifact_bytes(row["run_id"], "clip.gif")))
         assert isinstance(gif, GifImagePlugin.GifImageFile), f"{name}: clip.gif is {gif.format}"
         assert 1 <= gif.n_frames <= 400, f"{name}: {gif.n_frames} frames"

@@ -148,6 +148,9 @@ class _Learner:
         self.rewards = data["next", "reward"].flatten().tolist()
         return 0, {}
 
+    def save(self, folder: object) -> None:
+        return None
+
 
 class _Sink:
     def __init__(self) -> None:
@@ -156,6 +159,15 @@ class _Sink:
 
     def point(self, *, episode_returns: list[float], **_: object) -> None:
         self.returns, self.exhausted = list(episode_returns), True
+
+    def resumed(self) -> None:  # a trial from scratch, without checkpoints
+        return None
+
+    def start_clock(self) -> None: ...
+
+    def checkpoint_if_due(self, save: object) -> None: ...
+
+    def final_checkpoint(self, save: object) -> None: ...
 
 
 @pytest.mark.parametrize("reward_clip", [True, False])

@@ -1,0 +1,144 @@
+"""`make learning-tests K=resume`: a learning trial SIGKILLed part-way (a lost node: `crossrl run` and everything it
+started die at once) and continued with `crossrl run --resume` learns on from its checkpoint, on every engine.
+
+- MinAtar Breakout PPO (``minatar-breakout-ppo``, 1 seed, a budget of a few minutes), killed at about 60 % of its
+  budget: FINISHED; env steps sampled across both attempts at most the budget + one checkpoint interval + one
+  iteration; the resumed run holds one continuous curve; its first points after the checkpoint are as good as the
+  last ones before it (not back at random play).
+- CartPole PPO (``cartpole-ppo``, 1 seed), killed at 20,000 env steps (about half of its env steps to target):
+  still reaches the target.
+
+Each case appends a row to ``crossrl-results/learning/resume.md`` (with each checkpoint's write time and the cost of
+checkpoints at the default interval, ``checkpoint.every_seconds`` = 300, as a share of training time).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from crossrl.adapters import checkpoints
+from crossrl.core.envs import random_returns
+from crossrl.reports.store import SUPERSEDED_TAG, ResultsStore
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.loader import load_raw
+from crossrl.scenarios.spec import DEFAULT_CHECKPOINT_EVERY_S, ScenarioSpec
+
+pytestmark = pytest.mark.learning
+
+RESULTS = Path(__file__).resolve().parents[2] / "crossrl-results" / "learning"
+CLI = [sys.executable, "-m", "crossrl.cli"]
+CASES = {  # scenario: (env steps budget, checkpoint interval, kill once a checkpoint at or past this env step exists)
+    "minatar-breakout-ppo": (150_000, 15_000, 90_000),
+    "cartpole-ppo": (100_000, 5_000, 20_000),
+}
+
+
+def _spec(tmp: Path, scenario: str, engine: str) -> tuple[Path, ScenarioSpec]:
+    budget, every, _ = CASES[scenario]
+    raw, _, _ = load_raw(scenario)
+    raw.update(
+        name=f"resume-{scenario}-{engine}",
+        engines=[engine],
+        seeds=[0],
+        checkpoint={"every_env_steps": every, "keep": 3},
+    )
+    raw["budget"] = {**raw["budget"], "env_steps": budget, "stop_at_target": False}
+    raw["execution"] = {**raw.get("execution", {}), "workers": [2]}
+    path = tmp / f"{raw['name']}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path, ScenarioSpec.model_validate(raw)
+
+
+@pytest.mark.parametrize("engine", ["crossrl", "rllib", "torchrl"])
+@pytest.mark.parametrize("scenario", list(CASES))
+def test_a_trial_killed_part_way_resumes_and_learns_on(scenario: str, engine: str, tmp_path: Path) -> None:
+    budget, every, kill_at = CASES[scenario]
+    path, spec = _spec(tmp_path, scenario, engine)
+    results = RESULTS / "resume"
+    trial = spec.trials()[0].name
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [*CLI, "run", str(path), "--results-dir", str(results), "--no-report"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    root = None
+    while True:
+        assert proc.poll() is None, "the run ended before it was killed"
+        root = root or next(iter(sorted(results.glob(f"checkpoints/{spec.name}/*/{trial}"))[-1:]), None)
+        found = checkpoints.checkpoints(root) if root else []
+        if found and int(found[0].name.removeprefix(checkpoints.PREFIX)) >= kill_at:
+            break
+        time.sleep(0.5)
+    time.sleep(every / budget * 20)  # part-way into the next interval
+    tree = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=60)
+    first_s = time.monotonic() - t0
+    out = subprocess.run(
+        [*CLI, "run", str(path), "--resume", "--results-dir", str(results)], capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+
+    store = ResultsStore(None, results_dir=results)
+    parent = store.parent_runs(spec.name)[0]
+    runs = store.children(parent, superseded=True)
+    killed = next(r for r in runs if SUPERSEDED_TAG in r.data.tags)
+    rerun = next(r for r in runs if SUPERSEDED_TAG not in r.data.tags)
+    assert rerun.data.tags["status"] == "FINISHED", rerun.data.tags.get("reason")
+    resumed_at = int(rerun.data.tags["resumed.env_step"])
+    before, after = store.points_of(killed.info.run_id), store.points_of(rerun.info.run_id)
+    steps = [s for s, _ in after]
+    assert steps == sorted(set(steps)) and steps[-1] >= budget
+    iteration = max(b - a for a, b in zip(steps, steps[1:], strict=False))
+    sampled = before[-1][0] + steps[-1] - resumed_at  # env steps sampled across both attempts
+    assert sampled <= budget + every + iteration
+
+    returns = [(s, p[M.EPISODE_RETURN_MEAN]) for s, p in after if M.EPISODE_RETURN_MEAN in p]
+    last_before = [r for s, r in returns if s <= resumed_at][-5:]
+    first_after = [r for s, r in returns if s > resumed_at][:5]
+    random_mean = statistics.mean(random_returns(spec.env, episodes=100)[0])
+    gained = statistics.mean(last_before) - random_mean
+    if gained > 0:  # not back at random play: at least half of what was learned is there after the resume
+        assert statistics.mean(first_after) >= random_mean + 0.5 * gained, (last_before, first_after, random_mean)
+    if scenario == "cartpole-ppo":
+        hit = [s for s, r in returns if r >= (spec.target.episode_return_mean or 0)]
+        assert hit, f"never reached the target: {returns[-5:]}"
+
+    # checkpoint cost: each write's seconds; at the default interval a share of training time
+    writes = [m.value for m in store.client.get_metric_history(rerun.info.run_id, "checkpoint.write_s")] + [
+        m.value for m in store.client.get_metric_history(killed.info.run_id, "checkpoint.write_s")
+    ]
+    sizes = [m.value for m in store.client.get_metric_history(rerun.info.run_id, "checkpoint.mb")]
+    median_write = statistics.median(writes)
+    row = (
+        f"| {engine} | {scenario} | {budget:,} | {every:,} | {before[-1][0]:,} | {resumed_at:,} | {sampled:,} | "
+        f"{statistics.mean(last_before):.2f} | {statistics.mean(first_after):.2f} | {random_mean:.2f} | "
+        f"{median_write:.2f} | {max(sizes):.1f} | {100 * median_write / DEFAULT_CHECKPOINT_EVERY_S:.2f} % | "
+        f"{first_s:.0f} | {time.strftime('%Y-%m-%d')} |"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    table = RESULTS / "resume.md"
+    if not table.exists():
+        table.write_text(
+            "| engine | scenario | budget | checkpoint every | killed at | resumed from | sampled in all | return "
+            "last 5 before | return first 5 after | random | median write s | size MB | cost at 300 s | s to kill "
+            "| date |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        )
+    with table.open("a") as f:
+        f.write(row + "\n")
+    print(row)
