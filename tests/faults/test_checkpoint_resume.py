@@ -1,6 +1,7 @@
 """A trial killed mid-run continues from its checkpoint, on every engine: `crossrl run` SIGKILLed once its trial has
 written two checkpoints, the newer one then damaged, and `crossrl run --resume` passes over the damaged one with one
-line, continues from the one before, ends FINISHED, and the resumed trial's run holds one continuous curve."""
+line, continues from the one before, ends FINISHED, and the resumed trial's run holds one continuous curve. Then
+`crossrl evaluate` reloads the trial's final policy from its final checkpoint and plays it without training."""
 
 from __future__ import annotations
 
@@ -99,3 +100,16 @@ def test_a_killed_trial_resumes_from_its_newest_good_checkpoint(engine: str, res
     assert new[0][1][M.WALL_TIME_S] > after[len(after) - len(new) - 1][1][M.WALL_TIME_S]  # training time goes on
     loaded = store.load(scenario=f"ck-{engine}")
     assert list(loaded.trials.trial) == [trial] and list(loaded.trials.status) == ["FINISHED"]
+
+    # crossrl evaluate: the final checkpoint's policy, by scenario (greedy) and by trial run id (sampled)
+    last_step = after[-1][0]
+    for args in ([f"ck-{engine}", "--episodes", "3"], [rerun.info.run_id, "--episodes", "2", "--sample"]):
+        ev = subprocess.run(
+            [*CLI, "evaluate", *args, "--results-dir", str(results_dir)], capture_output=True, text=True, timeout=300
+        )
+        assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+        assert trial in ev.stdout and f"{last_step:,}" in ev.stdout  # the final checkpoint's env step
+    tags = store.client.get_run(rerun.info.run_id).data.tags
+    assert tags["evaluate.episodes"] == "2" and tags["evaluate.mode"] == "sample"
+    assert 1 <= float(tags["evaluate.return_mean"]) <= 500
+    assert float(tags["evaluate.ci_low"]) <= float(tags["evaluate.return_mean"]) <= float(tags["evaluate.ci_high"])
