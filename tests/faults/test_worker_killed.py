@@ -113,6 +113,14 @@ def test_rllib_restarts_a_killed_env_runner() -> None:
             assert len(pids) == 2 and os.getpid() not in pids
             sigkill(pids[0])
             killed.append(pids[0])
+        elif i == RLLIB_ITERATIONS - 2:
+            # Ray restarts the env runner in the background; on a loaded machine its new process may take longer
+            # than the remaining iterations to come up. Wait for it here (RLlib's own probe, which counts the
+            # restart), so that the last point can show it.
+            group, deadline = algo.env_runner_group, time.monotonic() + 120
+            while group.num_remote_worker_restarts() == 0 and time.monotonic() < deadline:
+                group.probe_unhealthy_env_runners()
+                time.sleep(0.5)
 
     trial = make_trial("rllib", RLLIB_ITERATIONS)
     sink = ListSink(trial)
