@@ -6,7 +6,7 @@ started die at once) and continued with `crossrl run --resume` learns on from it
   iteration; the resumed run holds one continuous curve; its first points after the checkpoint are as good as the
   last ones before it (not back at random play).
 - CartPole PPO (``cartpole-ppo``, 1 seed), killed at 20,000 env steps (about half of its env steps to target):
-  still reaches the target.
+  still reaches the target; then `crossrl evaluate` (20 greedy episodes) of its final policy returns at least 450.
 
 Each case appends a row to ``crossrl-results/learning/resume.md`` (with each checkpoint's write time and the cost of
 checkpoints at the default interval, ``checkpoint.every_seconds`` = 300, as a share of training time).
@@ -115,9 +115,19 @@ def test_a_trial_killed_part_way_resumes_and_learns_on(scenario: str, engine: st
     gained = statistics.mean(last_before) - random_mean
     if gained > 0:  # not back at random play: at least half of what was learned is there after the resume
         assert statistics.mean(first_after) >= random_mean + 0.5 * gained, (last_before, first_after, random_mean)
+    greedy = ""
     if scenario == "cartpole-ppo":
         hit = [s for s, r in returns if r >= (spec.target.episode_return_mean or 0)]
         assert hit, f"never reached the target: {returns[-5:]}"
+        ev = subprocess.run(
+            [*CLI, "evaluate", rerun.info.run_id, "--episodes", "20", "--results-dir", str(results)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+        print(ev.stdout)
+        greedy = store.client.get_run(rerun.info.run_id).data.tags["evaluate.return_mean"]
 
     # checkpoint cost: each write's seconds; at the default interval a share of training time
     writes = [m.value for m in store.client.get_metric_history(rerun.info.run_id, "checkpoint.write_s")] + [
@@ -129,16 +139,18 @@ def test_a_trial_killed_part_way_resumes_and_learns_on(scenario: str, engine: st
         f"| {engine} | {scenario} | {budget:,} | {every:,} | {before[-1][0]:,} | {resumed_at:,} | {sampled:,} | "
         f"{statistics.mean(last_before):.2f} | {statistics.mean(first_after):.2f} | {random_mean:.2f} | "
         f"{median_write:.2f} | {max(sizes):.1f} | {100 * median_write / DEFAULT_CHECKPOINT_EVERY_S:.2f} % | "
-        f"{first_s:.0f} | {time.strftime('%Y-%m-%d')} |"
+        f"{greedy or '-'} | {first_s:.0f} | {time.strftime('%Y-%m-%d')} |"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
     table = RESULTS / "resume.md"
     if not table.exists():
         table.write_text(
             "| engine | scenario | budget | checkpoint every | killed at | resumed from | sampled in all | return "
-            "last 5 before | return first 5 after | random | median write s | size MB | cost at 300 s | s to kill "
-            "| date |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            "last 5 before | return first 5 after | random | median write s | size MB | cost at 300 s | greedy return "
+            "(evaluate, 20 episodes) | s to kill | date |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         )
     with table.open("a") as f:
         f.write(row + "\n")
     print(row)
+    if greedy:
+        assert float(greedy) >= 450, f"crossrl evaluate: greedy return {greedy}"
