@@ -67,6 +67,18 @@ def learned_state(loss: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in loss.state_dict().items() if k.split(".", 1)[0].endswith("_network_params")}
 
 
+def common_state(learner: Any) -> dict[str, Any]:
+    """What every learner's checkpoint starts with: the format, the algorithm, the dimensions its networks are built
+    for (``load_policy`` needs no env), the loss module's trained tensors and Adam's state."""
+    return {
+        "format": STATE_FORMAT,
+        "algorithm": learner.algo,
+        "dims": {"obs_shape": list(learner.obs_shape), "n_actions": learner.n_actions},
+        "loss": learned_state(learner.loss),
+        "optim": learner.optim.state_dict(),
+    }
+
+
 def load_learned_state(loss: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Copies ``state`` (from :func:`learned_state`) into ``loss`` in place (the optimiser and the collector's
     policy keep the same tensors); a checkpoint of other networks is an error, not a partial load."""
@@ -283,11 +295,7 @@ class OnPolicyLearner:
     def state_dict(self) -> dict[str, Any]:
         """Actor and critic weights, Adam's state, the gradient-step count and IMPALA's batches not yet learned."""
         return {
-            "format": STATE_FORMAT,
-            "algorithm": self.algo,
-            "dims": {"obs_shape": list(self.obs_shape), "n_actions": self.n_actions},
-            "loss": learned_state(self.loss),
-            "optim": self.optim.state_dict(),
+            **common_state(self),
             "counters": {"grad_steps": self.grad_steps, "pending_frames": self._pending_frames},
             "pending": [_td_to_state(td) for td in self._pending],
         }
@@ -408,11 +416,7 @@ class DQNLearner:
     def state_dict(self) -> dict[str, Any]:
         """Q-network and target weights, Adam's state, epsilon, the counters; not the replay buffer (:meth:`save`)."""
         return {
-            "format": STATE_FORMAT,
-            "algorithm": self.algo,
-            "dims": {"obs_shape": list(self.obs_shape), "n_actions": self.n_actions},
-            "loss": learned_state(self.loss),
-            "optim": self.optim.state_dict(),
+            **common_state(self),
             "epsilon": self.greedy.eps.detach().clone(),
             "counters": {
                 "sampled": self._sampled,
