@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from crossrl.scenarios.spec import Trial
+
 FORMAT = 1
 META = "crossrl.json"
 ENGINE_DIR = "engine"
@@ -73,6 +75,20 @@ class Resumed:
             train_s=float(meta["train_s"]),
             engine_state=dict(meta.get("engine_state") or {}),
         )
+
+
+def resume_seed(trial: Trial, resumed: Resumed | None) -> int:
+    """The seed of a trial's sampling envs and workers: the trial's, or for a resumed trial one drawn from (trial seed,
+    the checkpoint's env step) by NumPy's ``SeedSequence``. A resume then replays neither the env seeds of the trial's
+    start (fresh workers would: measured on RLlib, the first episodes after a restore were those of iteration 1) nor
+    those of an earlier resume, and two resumes from the same checkpoint get the same seeds. Below 2**31, with room
+    for the engines' per-worker and per-env offsets."""
+    if resumed is None:
+        return trial.seed
+    import numpy as np
+
+    state = np.random.SeedSequence([trial.seed, resumed.env_steps_sampled]).generate_state(1)[0]
+    return int(state >> 1)
 
 
 def folder_name(step: int) -> str:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from crossrl.adapters.base import MetricSink, send_clip
-from crossrl.adapters.checkpoints import ENGINE_DIR, META, Resumed
+from crossrl.adapters.checkpoints import ENGINE_DIR, META, Resumed, resume_seed
 from crossrl.adapters.rllib_results import (
     LOSS_KEYS,
     env_steps_sampled,
@@ -525,19 +525,6 @@ def greedy_act(algo: Any) -> Callable[[Any], Any]:
 
 REPLAY_FILE: Final = "replay_buffer.pkl"
 """DQN's replay buffer (``get_state()``), beside RLlib's own files: ``Algorithm.save_to_path`` leaves it out."""
-
-
-def resume_seed(trial: Trial, resumed: Resumed | None) -> int:
-    """RLlib's seed (``config.debugging(seed=...)``: the env runners' env resets and action sampling): the trial's,
-    or for a resumed trial one drawn from (trial seed, the checkpoint's env step) by NumPy's ``SeedSequence``, as
-    TorchRL's collector seed is: a resume replays neither the env seeds of the trial's start (a fresh env runner
-    would, measured: the first episodes after a restore were those of iteration 1) nor those of an earlier resume."""
-    if resumed is None:
-        return trial.seed
-    import numpy as np
-
-    state = np.random.SeedSequence([trial.seed, resumed.env_steps_sampled]).generate_state(1)[0]
-    return int(state >> 1)  # < 2**31, with room for RLlib's per-runner and per-env offsets
 
 
 def _peek(algo: Any, *path: str) -> float | None:

@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 import torchrl
 from tensordict import TensorDictBase
 from torchrl.envs import Compose, EnvBase, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
 from crossrl.adapters.base import MetricSink, send_clip
-from crossrl.adapters.checkpoints import ENGINE_DIR, Resumed
+from crossrl.adapters.checkpoints import ENGINE_DIR
+from crossrl.adapters.checkpoints import resume_seed as collector_seed
 from crossrl.adapters.torchrl_algos import build_learner, check_algorithm, read_state
 from crossrl.core.envs import make_env
 from crossrl.scenarios import metrics as M
@@ -460,16 +460,6 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
         if net is not None:
             net.eval()
     return greedy_act(learner) if greedy else sample_act(learner)
-
-
-def collector_seed(trial: Trial, resumed: Resumed | None) -> int:
-    """The seed of the collector's envs: the trial's, or for a resumed trial one drawn from (trial seed, the
-    checkpoint's env step) by NumPy's ``SeedSequence``: a resume neither replays the env seeds of the trial's start
-    nor those of an earlier resume, and two resumes from the same checkpoint get the same seeds."""
-    if resumed is None:
-        return trial.seed
-    state = np.random.SeedSequence([trial.seed, resumed.env_steps_sampled]).generate_state(1)[0]
-    return int(state >> 1)  # < 2**31: every env takes it, with SerialEnv's +1 per env
 
 
 Episodes = Callable[[TensorDictBase], tuple[list[float], list[int], dict[str, float]]]
