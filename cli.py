@@ -456,6 +456,75 @@ def run(
         raise typer.Exit(1)
 
 
+@app.command()
+def tune(
+    spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path (with a search section)")],
+    engines_: Annotated[
+        str | None, typer.Option("--engines", help="comma-separated subset, e.g. crossrl,rllib")
+    ] = None,
+    sets: Sets = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="join this Ray cluster (HOST:PORT) instead of a local one")
+    ] = None,
+    parallel: Annotated[
+        int, typer.Option("--parallel", metavar="N", help="run up to N configurations of a search at once")
+    ] = 1,
+    no_test: Annotated[
+        bool, typer.Option("--no-test", help="search only: do not run the chosen configurations on the test seeds")
+    ] = False,
+) -> None:
+    """Search each engine's hyperparameters on Ray Tune (the spec's search section: the same space and budget for
+    every engine), then run each engine's best configuration and the spec's own setting on the test seeds."""
+    from crossrl.adapters.registry import require_supported
+    from crossrl.adapters.signals import Interrupted, stop_on_signals
+    from crossrl.adapters.tuning import run_tune
+    from crossrl.reports.console import RunDisplay, tune_summary
+    from crossrl.reports.store import StoreError
+    from crossrl.scenarios import metrics as M
+    from crossrl.scenarios.loader import SpecError
+
+    scenario, path = _load(spec, _overrides(engines_, None, None, None, sets))
+    if scenario.search is None:
+        _fail([f"{path}: no search section: add `search: {{space: ..., env_steps: N}}` (README, 'Tuning')"])
+    try:
+        require_supported([t for e in scenario.engines for t in scenario.search_trials(e)[:1]])
+    except SpecError as e:
+        _fail(e.problems)
+    try:
+        store = _open_store(tracking_uri, results_dir)
+    except Exception as e:  # a bad URI or an unreachable server: say which
+        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    console = _console()
+    display = RunDisplay(console, scenario)
+    try:
+        with stop_on_signals(), display:
+            outcome = run_tune(
+                scenario,
+                store=store,
+                ray_address=ray_address,
+                parallel=parallel,
+                progress=display.event,
+                spec_path=path,
+                command=" ".join(sys.argv),
+                test=not no_test,
+            )
+    except SpecError as e:
+        _fail(e.problems)
+    except StoreError as e:
+        _fail([str(e)])
+    except KeyboardInterrupt as e:
+        raise typer.Exit(Interrupted.of(e).exit_code) from None
+    tune_summary(console, scenario, outcome)
+    ended = [r for s in outcome.searches for r in s.results]
+    for run in [outcome.shared, *outcome.tuned.values()]:
+        if run is not None:
+            ended += run.results
+    if any(r.status in (M.FAILED, M.TIMEOUT) for r in ended):
+        raise typer.Exit(1)
+
+
 def _render_report(store: Any, *, parent_id: str, out_dir: Path) -> None:
     from crossrl.reports.api import make_report
 

@@ -112,8 +112,11 @@ class MetricSink:
             self.env_steps_sampled = self._last_sampled = r.env_steps_sampled
             self._last_trained = r.env_steps_trained
             self._episodes, self.iterations = r.episodes, r.iterations
-            with open(r.folder / checkpoints.RNG_FILE, "rb") as f:
-                checkpoints.set_rng_state(pickle.load(f))
+            if self.trial.resume_copy:  # another trial's checkpoint (PBT's exploit): this trial's own random streams
+                checkpoints.seed_rngs(checkpoints.resume_seed(self.trial, r))
+            else:
+                with open(r.folder / checkpoints.RNG_FILE, "rb") as f:
+                    checkpoints.set_rng_state(pickle.load(f))
             message |= {"resumed_from": str(r.folder), "resumed_env_step": r.env_steps_sampled, "train_s": r.train_s}
         self._emit(message)
 

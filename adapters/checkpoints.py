@@ -127,6 +127,17 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
+def seed_rngs(seed: int) -> None:
+    """Python's, NumPy's and torch's global generators seeded from ``seed`` (a trial that continues another trial's
+    checkpoint: Population Based Training's exploit)."""
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def write(
     root: Path, *, step: int, save: Callable[[Path], Mapping[str, Any] | None], meta: Mapping[str, Any]
 ) -> tuple[Path, int]:

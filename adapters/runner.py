@@ -228,6 +228,7 @@ def run_scenario(
     store_wait_s: float = STORE_WAIT_S,
     parallel: int = 1,
     placement: str = "node",
+    kind: str = "parent",
 ) -> RunOutcome:
     """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
 
@@ -252,7 +253,8 @@ def run_scenario(
     ``parallel`` > 1 fans the trials out over the Ray cluster at ``ray_address`` (a local one on 127.0.0.1
     without it), up to ``parallel`` at once, each in a placement group (``placement``: ``node`` keeps a trial's
     processes on one node, ``spread`` lets them spread); see ``crossrl.adapters.fanout``. Raises ``SpecError``
-    before anything is stored when a trial cannot fit the cluster.
+    before anything is stored when a trial cannot fit the cluster. ``kind``: the parent run's ``crossrl.kind``
+    (`crossrl tune`'s test-seed runs are "tuned").
     """
     if parallel < 1:
         raise SpecError([f"--parallel must be at least 1, got {parallel}"])
@@ -291,7 +293,7 @@ def run_scenario(
     journal = store.start_journal(warn=lambda msg: notify("store_warning", {"message": msg}))
     try:
         if resume is None:
-            parent_id = store.start_parent(spec, spec_path=spec_path, command=command)
+            parent_id = store.start_parent(spec, spec_path=spec_path, command=command, kind=kind)
             store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(checkpoint_root)}, what="checkpoint folder")
         else:
             parent_id = resumed_id

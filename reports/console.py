@@ -113,3 +113,68 @@ class RunDisplay:
 
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
+
+
+def tune_summary(console: Console, spec: ScenarioSpec, outcome: Any) -> None:
+    """`crossrl tune`'s tables: each engine's search (every configuration, the chosen one marked), then the scenario's
+    own setting against each engine's chosen configuration on the test seeds (IQM of the final returns, 95 % CI)."""
+    import numpy as np
+
+    from crossrl.reports.stats import iqm, stratified_bootstrap_ci
+
+    search = spec.search
+    assert search is not None
+    names = list(search.space)
+    for found in outcome.searches:
+        if found.skipped:
+            console.print(f"[dim]{found.engine}: not searched: {found.skipped}[/dim]")
+            continue
+        table = Table(
+            title=f"{found.engine}: {search.scheduler} search, {len(found.results)} configurations, "
+            f"{found.env_steps:,} env steps, {found.cpu_seconds:,.0f} CPU s, {found.wall_s:,.0f} s "
+            f"(parent run {found.parent_id})"
+        )
+        for col in ("configuration", *names, "status", "env steps", "final return", "steps to target", "note"):
+            table.add_column(col, justify="left" if col in ("configuration", "status", "note") else "right")
+        for r in sorted(found.results, key=lambda r: r.trial.label):
+            s = r.summary
+            best = found.best is not None and r.run_id == found.best.run_id
+            table.add_row(
+                ("[bold]* " if best else "  ") + r.trial.label + ("[/bold]" if best else ""),
+                *(_value(r.trial.hyperparams.get(n)) for n in names),
+                f"[{_STYLE.get(r.status, '')}]{r.status}[/{_STYLE.get(r.status, '')}]",
+                f"{r.env_steps:,}",
+                _fmt(s.get(M.FINAL_RETURN_MEAN), ".1f"),
+                _fmt(s.get(M.STEPS_TO_TARGET), ",.0f"),
+                r.reason[:80],
+            )
+        console.print(table)
+    if outcome.shared is None:
+        return
+    rng = np.random.default_rng(0)
+    table = Table(title=f"{spec.name} on the test seeds {', '.join(map(str, search.test_seeds))}: final return, IQM")
+    for col in ("engine", "own setting", "tuned", "tuned configuration"):
+        table.add_column(col, justify="left" if col in ("engine", "tuned configuration") else "right")
+
+    def cell(results: list[Any]) -> str:
+        vals = [r.summary[M.FINAL_RETURN_MEAN] for r in results if r.summary.get(M.FINAL_RETURN_MEAN) is not None]
+        if not vals:
+            return "-"
+        lo, hi = stratified_bootstrap_ci([vals], statistic=lambda a: iqm(a, axis=-1), rng=rng)
+        ci = f" [{lo:.1f}, {hi:.1f}]" if np.isfinite(lo) else ""
+        return f"{float(iqm(vals)):.1f}{ci} (n={len(vals)})"
+
+    for found in outcome.searches:
+        own = [r for r in outcome.shared.results if r.trial.engine == found.engine]
+        tuned = outcome.tuned.get(found.engine)
+        config = "-"
+        if found.best is not None:
+            config = ", ".join(f"{n}={_value(found.best.trial.hyperparams.get(n))}" for n in names)
+        table.add_row(found.engine, cell(own), cell(tuned.results) if tuned is not None else "-", config)
+    console.print(table)
+
+
+def _value(x: Any) -> str:
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return "-" if x is None else str(x)

@@ -192,9 +192,13 @@ class ResultsStore:
         location = (self.results_dir / "artifacts").as_uri() if is_embedded(self.uri) else None
         return str(self.client.create_experiment(scenario, artifact_location=location))
 
-    def start_parent(self, spec: ScenarioSpec, *, spec_path: Path | None, command: str = "") -> str:
+    def start_parent(
+        self, spec: ScenarioSpec, *, spec_path: Path | None, command: str = "", kind: str = "parent"
+    ) -> str:
+        """A parent run: a `crossrl run` (``kind`` "parent"), or a run `crossrl tune` makes (its searches: "search";
+        its test-seed runs: "tuned"), which the scenario's own report and `--resume latest` leave out."""
         tags = {
-            "crossrl.kind": "parent",
+            "crossrl.kind": kind,
             "scenario": spec.name,
             "fingerprint": spec.fingerprint(),
             "command": command[:5000],

@@ -10,11 +10,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from crossrl.scenarios.catalog import DEFAULT_OPTIMIZER, ENGINES, HYPERPARAM_DEFAULTS, VALID_OPTIMIZERS, AlgorithmName
 
@@ -379,6 +380,12 @@ class AlgorithmSpec(BaseModel):
         given = self.hyperparams.model_dump(exclude_none=True)
         return {**HYPERPARAM_DEFAULTS[self.name], **given}
 
+    def with_hyperparams(self, values: Mapping[str, Any]) -> AlgorithmSpec:
+        """This algorithm with ``values`` over its hyperparameters (validated: ValidationError for a value out of its
+        field's range)."""
+        given = {**self.hyperparams.model_dump(exclude_none=True), **values}
+        return self.model_copy(update={"hyperparams": Hyperparams.model_validate(given)})
+
 
 class ExecutionSpec(BaseModel):
     model_config = _STRICT
@@ -520,6 +527,178 @@ class CheckpointSpec(BaseModel):
         return data
 
 
+def check_seeds(v: tuple[int, ...]) -> tuple[int, ...]:
+    if not v:
+        raise ValueError("at least one seed is needed")
+    if any(s < 0 or s > MAX_SEED for s in v) or len(set(v)) != len(v):
+        raise ValueError(f"seeds must be distinct and 0..{MAX_SEED}")
+    return v
+
+
+SCHEDULERS = ("random", "asha", "pbt")
+SEARCH_METRICS = ("final_return", "steps_to_target")
+DISTRIBUTIONS = ("loguniform", "uniform", "integer", "choice")
+
+
+class Distribution(BaseModel):
+    """One hyperparameter's range in a search: exactly one of ``loguniform: [low, high]``, ``uniform: [low, high]``,
+    ``integer: [low, high]`` (both ends included) or ``choice: [a, b, ...]``."""
+
+    model_config = _STRICT
+
+    loguniform: tuple[float, float] | None = None
+    uniform: tuple[float, float] | None = None
+    integer: tuple[int, int] | None = None
+    choice: tuple[float | int | bool, ...] | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Distribution:
+        given = [k for k in DISTRIBUTIONS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of {', '.join(DISTRIBUTIONS)} (got {', '.join(given) or 'none'})")
+        kind = given[0]
+        if kind == "choice":
+            if not self.choice:
+                raise ValueError("choice: give at least one value")
+            return self
+        low, high = getattr(self, kind)
+        if not low < high:
+            raise ValueError(f"{kind}: low ({low:g}) must be below high ({high:g})")
+        if kind == "loguniform" and low <= 0:
+            raise ValueError(f"loguniform: low must be above 0 (got {low:g}); use uniform for ranges that reach 0")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in DISTRIBUTIONS if getattr(self, k) is not None)
+
+    def sample(self, rng: Any) -> float | int | bool:
+        """One value drawn with ``rng`` (a ``numpy.random.Generator``)."""
+        kind = self.kind
+        if kind == "choice":
+            assert self.choice is not None
+            return self.choice[int(rng.integers(len(self.choice)))]
+        low, high = getattr(self, kind)
+        if kind == "integer":
+            return int(rng.integers(low, high + 1))
+        if kind == "loguniform":
+            return float(math.exp(rng.uniform(math.log(low), math.log(high))))
+        return float(rng.uniform(low, high))
+
+
+class AshaSpec(BaseModel):
+    """Asynchronous successive halving (Ray Tune's ``AsyncHyperBandScheduler``) over env steps sampled."""
+
+    model_config = _STRICT
+
+    grace_env_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="env steps every configuration runs before it may be stopped (default: a sixteenth of env_steps)",
+    )
+    reduction_factor: float = Field(
+        default=4.0, gt=1, description="how many configurations a rung keeps one of (Ray Tune's default, 4)"
+    )
+
+
+class PbtSpec(BaseModel):
+    """Population Based Training (Ray Tune's ``PopulationBasedTraining``), synchronous, over env steps sampled."""
+
+    model_config = _STRICT
+
+    interval_env_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="env steps between exploit / explore decisions (default: a tenth of env_steps)",
+    )
+    quantile: float = Field(
+        default=0.25, gt=0, le=0.5, description="the bottom fraction copies the top fraction (Ray Tune's default)"
+    )
+    factors: tuple[float, float] = Field(
+        default=(0.8, 1.2), description="a copied continuous value is multiplied by one of these (Ray Tune's default)"
+    )
+    resample_probability: float = Field(
+        default=0.25, ge=0, le=1, description="chance a copied value is drawn afresh instead (Ray Tune's default)"
+    )
+
+
+class SearchSpec(BaseModel):
+    """What `crossrl tune` searches: the same space and the same budget for every engine, on tuning seeds apart from
+    the test seeds its chosen configurations are then run on."""
+
+    model_config = _STRICT
+
+    space: dict[str, Distribution] = Field(
+        description="shared hyperparameter names (algorithm.hyperparams) and their ranges, the same for every engine"
+    )
+    scheduler: Literal["random", "asha", "pbt"] = Field(
+        default="asha", description="random (every configuration runs its whole budget), asha, or pbt"
+    )
+    configurations: int = Field(
+        default=16, ge=1, le=1024, description="configurations per engine (the population's size under pbt)"
+    )
+    env_steps: int = Field(ge=1, description="env steps per configuration (the most under asha)")
+    metric: Literal["final_return", "steps_to_target"] = Field(
+        default="final_return",
+        description="what picks the best configuration: final return (higher), or env steps to target (fewer)",
+    )
+    tuning_seeds: tuple[int, ...] = Field(
+        default=(1_000_000,), description="seeds the search trains on, in turn per configuration"
+    )
+    test_seeds: tuple[int, ...] = Field(
+        default=(0, 1, 2, 3, 4), description="seeds each engine's best configuration and the spec's own are run on"
+    )
+    sample_seed: int = Field(default=0, ge=0, le=MAX_SEED, description="which configurations are drawn")
+    asha: AshaSpec = Field(default_factory=AshaSpec)
+    pbt: PbtSpec = Field(default_factory=PbtSpec)
+
+    @field_validator("space")
+    @classmethod
+    def _known_names(cls, v: dict[str, Distribution]) -> dict[str, Distribution]:
+        known = list(Hyperparams.model_fields)
+        bad = [k for k in v if k not in known]
+        if bad:
+            hints = [hint for b in bad if (hint := suggest(b, known))]
+            raise ValueError(
+                f"{', '.join(repr(b) for b in bad)} is not a shared hyperparameter name (algorithm.hyperparams)"
+                + ("; " + "; ".join(hints) if hints else "")
+            )
+        if not v:
+            raise ValueError("name at least one hyperparameter to search")
+        return v
+
+    @field_validator("tuning_seeds", "test_seeds")
+    @classmethod
+    def _seeds_ok(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        return check_seeds(v)
+
+    @model_validator(mode="after")
+    def _seeds_apart(self) -> SearchSpec:
+        both = sorted(set(self.tuning_seeds) & set(self.test_seeds))
+        if both:
+            raise ValueError(
+                f"tuning_seeds and test_seeds share {', '.join(map(str, both))}: a configuration chosen on a seed is "
+                "not tested on it; make them disjoint"
+            )
+        return self
+
+    @property
+    def grace_env_steps(self) -> int:
+        return self.asha.grace_env_steps or max(1, self.env_steps // 16)
+
+    @property
+    def interval_env_steps(self) -> int:
+        return self.pbt.interval_env_steps or max(1, self.env_steps // 10)
+
+    def sample(self) -> list[dict[str, Any]]:
+        """The configurations (each a dict of the space's names), drawn with ``sample_seed``: the same for every
+        engine, so each engine's search starts from the same points."""
+        import numpy as np
+
+        rng = np.random.default_rng(self.sample_seed)
+        return [{name: dist.sample(rng) for name, dist in self.space.items()} for _ in range(self.configurations)]
+
+
 class TargetSpec(BaseModel):
     model_config = _STRICT
 
@@ -564,6 +743,9 @@ class ScenarioSpec(BaseModel):
         default_factory=CheckpointSpec,
         description="when trials write checkpoints (`crossrl run --resume`, `crossrl evaluate`)",
     )
+    search: SearchSpec | None = Field(
+        default=None, description="what `crossrl tune` searches (the scenario's own trials do not use it)"
+    )
 
     @field_validator("engines")
     @classmethod
@@ -587,15 +769,13 @@ class ScenarioSpec(BaseModel):
     @field_validator("seeds")
     @classmethod
     def _seeds_ok(cls, v: tuple[int, ...]) -> tuple[int, ...]:
-        if not v:
-            raise ValueError("at least one seed is needed")
-        if any(s < 0 or s > MAX_SEED for s in v) or len(set(v)) != len(v):
-            raise ValueError(f"seeds must be distinct and 0..{MAX_SEED}")
-        return v
+        return check_seeds(v)
 
     @model_validator(mode="after")
     def _sections_agree(self) -> ScenarioSpec:
         problems = cross_field_problems(env=self.env, algorithm=self.algorithm, execution=self.execution)
+        if self.search is not None:
+            problems += search_problems(self.search, algorithm=self.algorithm, target=self.target)
         if problems:
             raise ValueError("\n".join(problems))  # one line each: the loader splits them
         return self
@@ -613,7 +793,7 @@ class ScenarioSpec(BaseModel):
         checkpoints are written (their cost is left out of training time).
         """
         data = self.model_dump(
-            mode="json", exclude={"name", "description", "engines", "seeds", "regress", "checkpoint"}
+            mode="json", exclude={"name", "description", "engines", "seeds", "regress", "checkpoint", "search"}
         )
         data["algorithm"]["hyperparams"] = self.algorithm.resolved_hyperparams()
         data["execution"].pop("workers")
@@ -677,6 +857,39 @@ class ScenarioSpec(BaseModel):
             for seed in self.seeds
             for engine in self.engines
         ]
+
+    def with_config(
+        self,
+        config: Mapping[str, Any],
+        *,
+        seeds: Sequence[int] | None = None,
+        engines: Sequence[str] | None = None,
+        env_steps: int | None = None,
+    ) -> ScenarioSpec:
+        """This scenario with ``config`` over its hyperparameters (a search's configuration), and other seeds, engines
+        or an env-step budget (then without a training-time one) when given."""
+        update: dict[str, Any] = {"algorithm": self.algorithm.with_hyperparams(config)}
+        if seeds is not None:
+            update["seeds"] = tuple(seeds)
+        if engines is not None:
+            update["engines"] = tuple(engines)
+        if env_steps is not None:
+            update["budget"] = self.budget.model_copy(update={"env_steps": env_steps, "train_seconds": None})
+        return self.model_copy(update=update)
+
+    def search_trials(self, engine: str, *, ray_address: str | None = None) -> list[Trial]:
+        """The search's trials on ``engine``: configuration i (``search.sample()``) on tuning seed i mod their count,
+        at the first worker count, for ``search.env_steps``; labelled ``c<i>``."""
+        if self.search is None:
+            raise ValueError(f"scenario {self.name!r} has no search section")
+        seeds = self.search.tuning_seeds
+        out = []
+        for index, config in enumerate(self.search.sample()):
+            spec = self.with_config(
+                config, seeds=[seeds[index % len(seeds)]], engines=[engine], env_steps=self.search.env_steps
+            )
+            out.append(spec.trials(ray_address=ray_address)[0].model_copy(update={"label": f"c{index:02d}"}))
+        return out
 
 
 def cross_field_problems(
@@ -743,6 +956,32 @@ def batch_problems(algorithm: AlgorithmSpec) -> list[str]:
     return problems
 
 
+def search_problems(search: SearchSpec, *, algorithm: AlgorithmSpec, target: TargetSpec) -> list[str]:
+    """What is wrong between a search and the scenario it tunes, one line each: env steps to target without a target;
+    a drawn configuration the algorithm cannot run (a value outside its field's range, batch sizes that clash)."""
+    problems = []
+    if search.metric == "steps_to_target" and target.episode_return_mean is None:
+        problems.append(
+            "search.metric: steps_to_target needs target.episode_return_mean; set the target or use final_return"
+        )
+    for index, config in enumerate(search.sample()):
+        try:
+            tuned = algorithm.with_hyperparams(config)
+        except ValidationError as e:
+            for err in e.errors():
+                where = ".".join(str(x) for x in err["loc"])
+                problems.append(
+                    f"search.space.{where}: configuration {index} drew {config.get(str(err['loc'][-1]))!r}: "
+                    f"{err['msg']}; narrow the range"
+                )
+            break
+        clash = batch_problems(tuned)
+        if clash:
+            problems += [f"search.space: configuration {index} ({_brief(config)}): {line}" for line in clash]
+            break
+    return problems
+
+
 class Trial(BaseModel):
     """One engine x workers x seed run of a scenario; what an adapter receives (JSON-serializable)."""
 
@@ -767,11 +1006,16 @@ class Trial(BaseModel):
     # Set by the runner: the folder this trial's checkpoints go to, and the checkpoint it continues from (--resume).
     checkpoint_dir: str | None = None
     resume_from: str | None = None
+    label: str = ""  # a search's configuration (``c03``): trials of one seed apart
+    # Population Based Training's exploit: resume_from is another trial's checkpoint; the trial keeps its own random
+    # streams (seeded from its seed and the checkpoint's env step) instead of taking the other trial's.
+    resume_copy: bool = False
 
     @property
     def name(self) -> str:
-        """Like ``rllib-ppo-w2-s0``."""
-        return f"{self.engine}-{self.algorithm}-w{self.workers}-s{self.seed}"
+        """Like ``rllib-ppo-w2-s0`` (``rllib-ppo-w2-s0-c03`` for a search's configuration 3)."""
+        base = f"{self.engine}-{self.algorithm}-w{self.workers}-s{self.seed}"
+        return f"{base}-{self.label}" if self.label else base
 
     def hp(self, key: str) -> Any:
         """A resolved hyperparameter; a KeyError names the algorithm when it has no such default."""
