@@ -47,7 +47,7 @@ test: install chromium lint
 	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
 
 # Whole built-in scenarios on every engine, a few minutes each (pixels, many agents, the table, a broken
-# env on every engine): run by CI after `make test`, two at a time.
+# env on every engine, a PBT search on every engine): run by CI after `make test`, two at a time.
 test-system: install
 	$(BIN)/pytest -m "system and not cluster" -n 2 --dist worksteal --timeout 900 --durations=10 $(PYTEST_FLAGS)
 

@@ -252,8 +252,9 @@ def check_fits(trials: list[Trial], *, placement: str) -> None:
         raise SpecError(problems)
 
 
-def connect_launcher(ray_address: str | None) -> str:
-    """Join the cluster at ``ray_address`` (or start a local one on 127.0.0.1); returns its address.
+def connect_launcher(ray_address: str | None, *, num_cpus: int | None = None) -> str:
+    """Join the cluster at ``ray_address`` (or start a local one on 127.0.0.1 with ``num_cpus`` logical CPUs, this
+    machine's by default); returns its address.
 
     ``ray.init`` puts its own SIGTERM handler in place (``sys.exit(15)``: exit code 15, no trial recorded as
     KILLED); the launcher's handler (``stop_on_signals``) is put back.
@@ -262,7 +263,7 @@ def connect_launcher(ray_address: str | None) -> str:
 
     on_term = signal.getsignal(signal.SIGTERM)
     try:
-        return cluster.connect(ray_address, num_cpus=os.cpu_count())["ray_gcs_address"]
+        return cluster.connect(ray_address, num_cpus=num_cpus or os.cpu_count())["ray_gcs_address"]
     finally:
         if on_term is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)

@@ -586,8 +586,7 @@ def search_engine(
             counts[r.status] = counts.get(r.status, 0) + 1
         with held_signals():
             tags = {"search.wall_s": f"{out.wall_s:.1f}", "search.env_steps_total": str(out.env_steps)}
-            if out.best is not None:
-                tags["search.best_run"] = out.best.run_id
+            if out.best is not None:  # its run id once the store has it: run_tune
                 tags["search.best_config"] = json.dumps(
                     {k: out.best.trial.hyperparams[k] for k in search.space}, sort_keys=True
                 )
@@ -624,7 +623,11 @@ def run_tune(
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # a result before the first episode has no score
     outcome = TuneOutcome(searches=[])
-    address = fanout.connect_launcher(ray_address)
+    # A local cluster gets the CPUs the search's biggest trial asks for (its driver and workers) even when this machine
+    # has fewer: a search compares what configurations learn per env step, not their speed, and runs one at a time
+    # unless --parallel says otherwise.
+    need = int(sum(b["CPU"] for b in fanout.bundles(spec.search_trials(chosen[0])[0])))
+    address = fanout.connect_launcher(ray_address, num_cpus=max(os.cpu_count() or 1, need))
     try:
         fanout.check_fits(spec.search_trials(chosen[0], ray_address=address)[:1], placement="node")
         store.start_journal(warn=lambda msg: notify("store_warning", {"message": msg}))
@@ -648,6 +651,8 @@ def run_tune(
                 found.parent_id = store.resolve(found.parent_id)
                 for r in found.results:
                     r.run_id = store.resolve(r.run_id)
+                if found.best is not None:
+                    store.set_tags(found.parent_id, {"search.best_run": found.best.run_id}, what="search tags")
     finally:
         disconnect()
     if not test:

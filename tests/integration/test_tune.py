@@ -1,0 +1,128 @@
+"""`crossrl tune` end to end on the real engines and Ray Tune: each engine's search recorded in the store as a parent
+run of kind `search` with a child per configuration; then the chosen configuration and the spec's own setting on the
+test seeds, as parent runs of kind `tuned` the scenario's own report leaves out. Population Based Training on every
+engine: a member copies another's checkpoint, and the lineage (who copied whom, at which env step, with which values)
+is in the store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from crossrl.adapters.tuning import LINEAGE_ARTIFACT, SEARCH_KIND, TUNED_KIND
+from crossrl.reports.store import ResultsStore
+
+CLI = [sys.executable, "-m", "crossrl.cli"]
+
+
+def _spec(tmp_path: Path, name: str, engine: str, search: dict[str, Any]) -> Path:
+    spec = {
+        "name": name,
+        "env": {"id": "CartPole-v1"},
+        "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 250, "minibatch": 125, "epochs": 1}},
+        "engines": [engine],
+        "execution": {"workers": [1], "envs_per_worker": 2},
+        "budget": {"env_steps": 500, "wall_seconds": 300},
+        "search": {"space": {"lr": {"loguniform": [1e-4, 3e-3]}}, "tuning_seeds": [7], "test_seeds": [0], **search},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _runs(store: ResultsStore, scenario: str, kind: str) -> list[Any]:
+    exp = store.experiment_id(scenario, create=False)
+    return list(store.client.search_runs([exp], filter_string=f"tags.`crossrl.kind` = '{kind}'"))
+
+
+@pytest.mark.integration
+def test_tune_searches_then_runs_the_best_configuration_and_the_own_setting_on_the_test_seeds(
+    results_dir: Path, tmp_path: Path
+) -> None:
+    spec = _spec(
+        tmp_path,
+        "tune-asha",
+        "crossrl",
+        {"scheduler": "asha", "configurations": 3, "env_steps": 1000, "asha": {"grace_env_steps": 250}},
+    )
+    out = subprocess.run(
+        [*CLI, "tune", str(spec), "--results-dir", str(results_dir)], capture_output=True, text=True, timeout=900
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    assert "crossrl: asha search, 3 configurations" in out.stdout and "on the test seeds 0" in out.stdout
+
+    store = ResultsStore(None, results_dir=results_dir)
+    [search] = _runs(store, "tune-asha", SEARCH_KIND)
+    assert search.data.tags["status"] == "FINISHED" and search.data.tags["search.scheduler"] == "asha"
+    configs = store.children(search)
+    assert sorted(r.data.tags["search.config"] for r in configs) == ["0", "1", "2"]
+    assert {r.data.tags["status"] for r in configs} == {"FINISHED"}
+    assert all(r.data.tags["seed"] == "7" and "env_steps_sampled" in r.data.metrics for r in configs)
+    best = json.loads(search.data.tags["search.best_config"])
+    chosen = next(r for r in configs if r.info.run_id == search.data.tags["search.best_run"])
+    assert float(chosen.data.params["hp.lr"]) == pytest.approx(best["lr"])
+
+    tuned = {r.data.tags["tuned.role"]: r for r in _runs(store, "tune-asha", TUNED_KIND)}
+    assert set(tuned) == {"shared", "tuned"}
+    assert tuned["tuned"].data.tags["tuned.searches"] == search.info.run_id
+    [trial] = store.children(tuned["tuned"])
+    assert trial.data.tags["seed"] == "0" and trial.data.tags["status"] == "FINISHED"
+    assert float(trial.data.params["hp.lr"]) == pytest.approx(best["lr"])
+    [own] = store.children(tuned["shared"])
+    assert float(own.data.params["hp.lr"]) == pytest.approx(3e-4)  # PPO's default: the spec's own setting
+    assert store.parent_runs("tune-asha") == []  # `crossrl report` and `--resume latest` see none of these
+
+
+@pytest.mark.integration
+def test_tune_without_a_search_section_is_one_line(results_dir: Path) -> None:
+    out = subprocess.run(
+        [*CLI, "tune", "smoke", "--results-dir", str(results_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no search section" in lines[0], lines
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("engine", ["crossrl", "rllib", "torchrl"])
+def test_pbt_members_copy_each_other_and_the_lineage_is_stored(engine: str, results_dir: Path, tmp_path: Path) -> None:
+    spec = _spec(
+        tmp_path,
+        f"tune-pbt-{engine}",
+        engine,
+        {
+            "scheduler": "pbt",
+            "configurations": 2,
+            "env_steps": 1500,
+            "pbt": {"interval_env_steps": 500, "quantile": 0.5},
+        },
+    )
+    out = subprocess.run(
+        [*CLI, "tune", str(spec), "--no-test", "--results-dir", str(results_dir)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    store = ResultsStore(None, results_dir=results_dir)
+    [search] = _runs(store, f"tune-pbt-{engine}", SEARCH_KIND)
+    members = {r.info.run_name: r for r in store.children(search)}
+    assert len(members) == 2 and {r.data.tags["status"] for r in members.values()} == {"FINISHED"}
+    # With two members and quantile 0.5, at every synchronous step the worse one copies the better one.
+    lineage = json.loads(store.artifact_bytes(search.info.run_id, LINEAGE_ARTIFACT))
+    assert lineage, "no member copied another"
+    for entry in lineage:
+        assert {entry["member"], entry["copied"]} == set(members) and entry["env_step"] >= 500
+        assert set(entry["values"]) == {"lr"} and 1e-4 <= entry["values"]["lr"] <= 3e-3
+        run = members[entry["member"]]
+        assert int(run.data.tags["pbt.exploits"]) >= 1 and "pbt.exploit.1" in run.data.tags
+    for run in members.values():  # one continuous curve per member, to its whole budget
+        steps = [m.step for m in store.client.get_metric_history(run.info.run_id, "env_steps_sampled")]
+        assert steps == sorted(steps) and steps[-1] >= 1500
