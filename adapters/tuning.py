@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -422,6 +423,12 @@ class EngineSearch:
         return sum(r.env_steps for r in self.results)
 
     @property
+    def setup_s(self) -> float | None:
+        """The median set-up time of the search's trials (their engine built, up to their first env step)."""
+        times = [float(r.summary["setup_s"]) for r in self.results if r.summary.get("setup_s") is not None]
+        return statistics.median(times) if times else None
+
+    @property
     def cpu_seconds(self) -> float:
         return sum(float(r.summary.get(M.CPU_SECONDS) or 0.0) for r in self.results)
 
@@ -586,6 +593,8 @@ def search_engine(
             counts[r.status] = counts.get(r.status, 0) + 1
         with held_signals():
             tags = {"search.wall_s": f"{out.wall_s:.1f}", "search.env_steps_total": str(out.env_steps)}
+            if out.setup_s is not None:  # from a trial's start to its first env step: what each trial costs first
+                tags["search.setup_s_median"] = f"{out.setup_s:.1f}"
             if out.best is not None:  # its run id once the store has it: run_tune
                 tags["search.best_config"] = json.dumps(
                     {k: out.best.trial.hyperparams[k] for k in search.space}, sort_keys=True

@@ -131,7 +131,8 @@ def tune_summary(console: Console, spec: ScenarioSpec, outcome: Any) -> None:
             continue
         table = Table(
             title=f"{found.engine}: {search.scheduler} search, {len(found.results)} configurations, "
-            f"{found.env_steps:,} env steps, {found.cpu_seconds:,.0f} CPU s, {found.wall_s:,.0f} s "
+            f"{found.env_steps:,} env steps, {found.cpu_seconds:,.0f} CPU s, {found.wall_s:,.0f} s, "
+            f"set-up {_fmt(found.setup_s, '.0f')} s per trial "
             f"(parent run {found.parent_id})"
         )
         for col in ("configuration", *names, "status", "env steps", "final return", "steps to target", "note"):
