@@ -517,11 +517,14 @@ def tune(
     except KeyboardInterrupt as e:
         raise typer.Exit(Interrupted.of(e).exit_code) from None
     tune_summary(console, scenario, outcome)
+    for found in outcome.searches:
+        if found.error:
+            typer.echo(f"error: {found.engine}: {found.error}", err=True)
     ended = [r for s in outcome.searches for r in s.results]
     for run in [outcome.shared, *outcome.tuned.values()]:
         if run is not None:
             ended += run.results
-    if any(r.status in (M.FAILED, M.TIMEOUT) for r in ended):
+    if any(r.status in (M.FAILED, M.TIMEOUT) for r in ended) or any(f.error for f in outcome.searches):
         raise typer.Exit(1)
 
 

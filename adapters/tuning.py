@@ -417,6 +417,7 @@ class EngineSearch:
     best: TrialResult | None = None
     wall_s: float = 0.0
     skipped: str = ""  # why the engine was not searched (it cannot run the algorithm)
+    error: str = ""  # why the search itself failed (Ray Tune raised)
 
     @property
     def env_steps(self) -> int:
@@ -584,9 +585,13 @@ def search_engine(
     except KeyboardInterrupt:
         status, reason = M.KILLED, "interrupted"
         raise
+    except Exception as e:  # Ray Tune itself stopped: the search is FAILED with why, what its trials logged is kept
+        lines = [line for line in str(e).splitlines() if line.strip()]
+        status = M.FAILED
+        reason = out.error = f"Ray Tune stopped the search: {type(e).__name__}: {lines[-1][:300] if lines else ''}"
     finally:
         out.wall_s = time.perf_counter() - t0
-        recorder.unended("the search stopped before this trial ended")
+        recorder.unended(reason or "the search stopped before this trial ended")
         out.best = best_of(out.results, search)
         counts: dict[str, int] = {}
         for r in out.results:
