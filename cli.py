@@ -40,6 +40,10 @@ Sets = Annotated[
         "--set algorithm.hyperparams.lr=1e-3; repeat for more",
     ),
 ]
+Engines = Annotated[str | None, typer.Option("--engines", help="comma-separated subset, e.g. crossrl,rllib")]
+RayAddress = Annotated[
+    str | None, typer.Option("--ray-address", help="join this Ray cluster (HOST:PORT) instead of a local one")
+]
 JsonOut = Annotated[Path | None, typer.Option("--json", help="also write the figures as JSON")]
 NoStore = Annotated[bool, typer.Option("--no-store", help="do not log the figures to the store")]
 
@@ -336,18 +340,14 @@ def _overrides(
 @app.command()
 def run(
     spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
-    engines_: Annotated[
-        str | None, typer.Option("--engines", help="comma-separated subset, e.g. crossrl,rllib")
-    ] = None,
+    engines_: Engines = None,
     workers: Annotated[str | None, typer.Option("--workers", help="worker counts, e.g. 1,2")] = None,
     seeds: Annotated[str | None, typer.Option("--seeds", help="seeds, e.g. 0,1,2")] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="env-step budget per trial")] = None,
     sets: Sets = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
-    ray_address: Annotated[
-        str | None, typer.Option("--ray-address", help="join this Ray cluster (HOST:PORT) instead of a local one")
-    ] = None,
+    ray_address: RayAddress = None,
     skip_unsupported: Annotated[
         bool, typer.Option("--skip-unsupported", help="record trials an engine cannot run as SKIPPED")
     ] = False,
@@ -459,15 +459,11 @@ def run(
 @app.command()
 def tune(
     spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path (with a search section)")],
-    engines_: Annotated[
-        str | None, typer.Option("--engines", help="comma-separated subset, e.g. crossrl,rllib")
-    ] = None,
+    engines_: Engines = None,
     sets: Sets = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
-    ray_address: Annotated[
-        str | None, typer.Option("--ray-address", help="join this Ray cluster (HOST:PORT) instead of a local one")
-    ] = None,
+    ray_address: RayAddress = None,
     parallel: Annotated[
         int, typer.Option("--parallel", metavar="N", help="run up to N configurations of a search at once")
     ] = 1,
