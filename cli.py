@@ -91,6 +91,15 @@ def _open_store(tracking_uri: str | None, results_dir: Path) -> Any:
     return store
 
 
+def _store_or_fail(tracking_uri: str | None, results_dir: Path) -> Any:
+    """:func:`_open_store`, or exit 2 with one line naming the store (a bad URI, an unreachable server)."""
+    try:
+        return _open_store(tracking_uri, results_dir)
+    except Exception as e:
+        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    return None
+
+
 def _note(message: str) -> None:
     typer.echo(f"note: {message}", err=True)
 
@@ -403,10 +412,7 @@ def run(
             require_supported(scenario.trials())
         except SpecError as e:
             _fail(e.problems)
-    try:
-        store = _open_store(tracking_uri, results_dir)
-    except Exception as e:  # a bad URI or an unreachable server: say which
-        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    store = _store_or_fail(tracking_uri, results_dir)
     display = RunDisplay(_console(), scenario)
     try:
         with stop_on_signals(), display:  # SIGTERM and SIGHUP stop the run as Ctrl-C does
@@ -488,10 +494,7 @@ def tune(
         require_supported([t for e in scenario.engines for t in scenario.search_trials(e)[:1]])
     except SpecError as e:
         _fail(e.problems)
-    try:
-        store = _open_store(tracking_uri, results_dir)
-    except Exception as e:  # a bad URI or an unreachable server: say which
-        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    store = _store_or_fail(tracking_uri, results_dir)
     console = _console()
     display = RunDisplay(console, scenario)
     try:
@@ -884,10 +887,7 @@ def table_run(
     table, cells = _load_table(
         name, rows, engines=engines_, workers=workers, seeds=seeds, train_seconds=train_seconds, steps=steps
     )
-    try:
-        store = _open_store(tracking_uri, results_dir)
-    except Exception as e:
-        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    store = _store_or_fail(tracking_uri, results_dir)
     bad = False
     for i, cell in enumerate(cells, 1):
         _console().print(f"[bold]{table.name}[/bold]: cell {i} of {len(cells)}, {cell.name}")
@@ -929,10 +929,7 @@ def table_report(
     """Render a table from the store: each cell's newest run (give the --workers, --train-seconds and --steps it
     ran with: they are part of the cells' names and specs)."""
     table, cells = _load_table(name, rows, workers=workers, train_seconds=train_seconds, steps=steps)
-    try:
-        store = _open_store(tracking_uri, results_dir)
-    except Exception as e:
-        _fail([f"results store {tracking_uri or results_dir}: {e}"])
+    store = _store_or_fail(tracking_uri, results_dir)
     _table_report(store, table, cells, random_episodes=random_episodes,
                   out_dir=report_dir or results_dir / "reports" / table.name)  # fmt: skip
 
