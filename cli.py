@@ -489,7 +489,7 @@ def tune(
 
     scenario, path = _load(spec, _overrides(engines_, None, None, None, sets))
     if scenario.search is None:
-        _fail([f"{path}: no search section: add `search: {{space: ..., env_steps: N}}` (README, 'Tuning')"])
+        _fail([f"{path}: no search section: add `search: {{space: ..., env_steps: N}}` (docs/tuning.md)"])
     try:
         require_supported([t for e in scenario.engines for t in scenario.search_trials(e)[:1]])
     except SpecError as e:

@@ -1,6 +1,6 @@
 """`crossrl tune`: each engine's hyperparameter search on Ray Tune, then its best configuration on the test seeds.
 
-The protocol (README "Tuning", docs/tuning.md): every engine searches the same space with the same budget (the same
+The protocol (docs/tuning.md): every engine searches the same space with the same budget (the same
 configurations, drawn once from ``search.sample_seed``, and the same env steps per configuration), on tuning seeds
 apart from the test seeds; then each engine's best configuration and the scenario's own setting run on the test seeds
 as ordinary `crossrl run` trials, so the verdict compares an engine tuned against the same engine untuned.
@@ -628,7 +628,7 @@ def run_tune(
     configuration on the test seeds. SpecError before anything runs for a spec without a search or a trial that cannot
     fit the cluster."""
     if spec.search is None:
-        raise SpecError([f"scenario {spec.name!r} has no search section: add one (README, 'Tuning')"])
+        raise SpecError([f"scenario {spec.name!r} has no search section: add one (docs/tuning.md)"])
     if parallel < 1:
         raise SpecError([f"--parallel must be at least 1, got {parallel}"])
     notify = progress or (lambda _event, _payload: None)
