@@ -516,6 +516,13 @@ def tune(
     except KeyboardInterrupt as e:
         raise typer.Exit(Interrupted.of(e).exit_code) from None
     tune_summary(console, scenario, outcome)
+    if outcome.shared is not None:
+        from crossrl.reports.tuned import write_report
+
+        try:
+            typer.echo(f"report: {write_report(store, scenario.name, results_dir / 'reports' / scenario.name)}")
+        except StoreError as e:  # the store does not have the runs yet (an outage): `crossrl report --tuned` later
+            _note(f"no tuned report yet: {e}")
     for found in outcome.searches:
         if found.error:
             typer.echo(f"error: {found.engine}: {found.error}", err=True)
@@ -542,14 +549,27 @@ def report(
     out_dir: Annotated[Path | None, typer.Option("-o", "--out", help="output folder")] = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
+    tuned: Annotated[
+        bool, typer.Option("--tuned", help="the scenario's newest `crossrl tune` instead: tuned.md (docs/tuning.md)")
+    ] = False,
 ) -> None:
-    """Render report.html, report.md and report.json for a scenario's newest run (or --run ID)."""
+    """Render report.html, report.md and report.json for a scenario's newest run (or --run ID); with --tuned, tuned.md
+    for its newest `crossrl tune`."""
     from crossrl.reports.store import StoreError
 
     if not scenario and not run_id:
         _fail(["name a scenario or give --run PARENT_RUN_ID"])
     store = _open_store(tracking_uri, results_dir)
     try:
+        if tuned:
+            from crossrl.reports.tuned import write_report
+
+            if not scenario:
+                _fail(["--tuned needs a scenario name"])
+            typer.echo(
+                f"report: {write_report(store, scenario or '', out_dir or results_dir / 'reports' / (scenario or ''))}"
+            )
+            return
         if run_id is None:
             parents = store.parent_runs(scenario or "")
             if not parents:

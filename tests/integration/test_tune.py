@@ -79,6 +79,9 @@ def test_tune_searches_then_runs_the_best_configuration_and_the_own_setting_on_t
     assert float(own.data.params["hp.lr"]) == pytest.approx(3e-4)  # PPO's default: the spec's own setting
     assert store.parent_runs("tune-asha") == []  # `crossrl report` and `--resume latest` see none of these
 
+    report = (results_dir / "reports" / "tune-asha" / "tuned.md").read_text()  # written at the end, for every engine
+    assert "| crossrl | " in report and "Sensitivity" in report and f"lr={best['lr']:.3g}" in report
+
 
 @pytest.mark.integration
 def test_tune_without_a_search_section_is_one_line(results_dir: Path) -> None:
