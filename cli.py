@@ -476,6 +476,14 @@ def tune(
     no_test: Annotated[
         bool, typer.Option("--no-test", help="search only: do not run the chosen configurations on the test seeds")
     ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="take up this search's newest run on each engine: keep its ended configurations, run the others again "
+            "(from their checkpoints when they wrote one)",
+        ),
+    ] = False,
 ) -> None:
     """Search each engine's hyperparameters on Ray Tune (the spec's search section: the same space and budget for
     every engine), then run each engine's best configuration and the spec's own setting on the test seeds."""
@@ -508,6 +516,7 @@ def tune(
                 spec_path=path,
                 command=" ".join(sys.argv),
                 test=not no_test,
+                resume=resume,
             )
     except SpecError as e:
         _fail(e.problems)
@@ -516,7 +525,10 @@ def tune(
     except KeyboardInterrupt as e:
         raise typer.Exit(Interrupted.of(e).exit_code) from None
     tune_summary(console, scenario, outcome)
-    if outcome.shared is not None:
+    if outcome.interrupted:
+        stops = [r.stop_signal for r in [outcome.shared, *outcome.tuned.values()] if r is not None and r.stop_signal]
+        raise typer.Exit(Interrupted(stops[0] if stops else signal.SIGINT).exit_code)
+    if outcome.shared is not None or (resume and not no_test):
         from crossrl.reports.tuned import write_report
 
         try:

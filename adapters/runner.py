@@ -88,7 +88,7 @@ def child_env() -> dict[str, str]:
     return env
 
 
-class _Heartbeat:
+class Heartbeat:
     """Beats the parent run's heartbeat at most every HEARTBEAT_S (called from the runner's loop)."""
 
     def __init__(self, store: ResultsStore, parent_id: str) -> None:
@@ -278,7 +278,7 @@ def run_scenario(
         resumed_id, ended, attempts, root = _resume_point(store, spec, resume)
         trials = [t for t in trials if t.name not in ended]
         checkpoint_root = Path(root) if root else new_checkpoint_root(store, spec)
-        carried = _checkpoints_to_resume(store, trials, attempts, checkpoint_root, notify)
+        carried = checkpoints_to_resume(store, trials, attempts, checkpoint_root, notify)
     else:
         checkpoint_root = new_checkpoint_root(store, spec)
     trials = [
@@ -365,7 +365,7 @@ def _run_trials(
     try:
         notify("start", {"trials": trials, "parent_id": store.wait_resolved(parent_id, timeout_s=5.0)})
         probe_ok = _log_raw_speed(store, parent_id, spec, step=0) if fresh else True
-        beat = _Heartbeat(store, parent_id)
+        beat = Heartbeat(store, parent_id)
         with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
             fanned = [t for t in trials if t.name not in bad] if fan_out is not None else []
             for index, trial in enumerate(t for t in trials if t not in fanned):  # all but those fanned out
@@ -489,7 +489,7 @@ def new_checkpoint_root(store: ResultsStore, spec: ScenarioSpec) -> Path:
     return store.results_dir / "checkpoints" / spec.name / f"{stamp}-{uuid.uuid4().hex[:8]}"
 
 
-def _checkpoints_to_resume(
+def checkpoints_to_resume(
     store: ResultsStore,
     trials: list[Trial],
     attempts: dict[str, list[str]],

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -42,9 +43,16 @@ from ray import tune
 
 from crossrl.adapters import checkpoints, fanout
 from crossrl.adapters.registry import unsupported
-from crossrl.adapters.runner import RunOutcome, run_scenario
+from crossrl.adapters.runner import (
+    CHECKPOINT_ROOT_TAG,
+    ENDED,
+    Heartbeat,
+    RunOutcome,
+    checkpoints_to_resume,
+    run_scenario,
+)
 from crossrl.adapters.signals import deferred_signals, held_signals
-from crossrl.adapters.trials import Progress, TrialRecorder, TrialResult, open_trial, summarize
+from crossrl.adapters.trials import Carried, Progress, TrialRecorder, TrialResult, open_trial, summarize
 from crossrl.core.cluster import disconnect
 from crossrl.core.envguard import WATCH_DIR_ENV
 from crossrl.reports.store import ResultsStore
@@ -208,9 +216,13 @@ class Recorder(tune.Callback):  # type: ignore[misc]
         scheduler: str,
         progress: Progress,
         results: list[TrialResult],
+        attempts: dict[str, list[str]] | None = None,
+        carried: dict[str, Carried] | None = None,
     ) -> None:
         self.store, self.parent_id, self.spec, self.trials = store, parent_id, spec, trials
         self.scheduler, self.progress, self.results = scheduler, progress, results
+        self.attempts, self.carried = attempts or {}, carried or {}  # a resumed search's killed attempts
+        self.beat = Heartbeat(store, parent_id)
         self.members: dict[str, _Member] = {}
         self.lineage: list[dict[str, Any]] = []  # PBT's exploits, in order
 
@@ -227,7 +239,11 @@ class Recorder(tune.Callback):  # type: ignore[misc]
         ours = ours.model_copy(update={"hyperparams": {**ours.hyperparams, **values}})
         with deferred_signals():
             run_id = open_trial(
-                store, self.parent_id, ours, spec=self.spec.with_config(values, seeds=[ours.seed]), attempts={}
+                store,
+                self.parent_id,
+                ours,
+                spec=self.spec.with_config(values, seeds=[ours.seed]),
+                attempts=self.attempts,
             )
             store.set_tags(
                 run_id,
@@ -239,12 +255,11 @@ class Recorder(tune.Callback):  # type: ignore[misc]
                 },
                 what="search tags",
             )
-        self.members[trial.trial_id] = _Member(
-            ours,
-            TrialRecorder(ours, store=store, run_id=run_id, progress=self.progress),
-            time.perf_counter(),
-            values=values,
-        )
+        rec = TrialRecorder(ours, store=store, run_id=run_id, progress=self.progress)
+        if ours.name in self.carried:  # a resumed search: the killed attempt's points up to its checkpoint
+            with deferred_signals():
+                rec.carry_over(self.carried[ours.name])
+        self.members[trial.trial_id] = _Member(ours, rec, time.perf_counter(), values=values)
         self.progress("trial_start", {"trial": ours, "index": index, "total": len(self.trials)})
 
     def on_trial_result(
@@ -300,6 +315,10 @@ class Recorder(tune.Callback):  # type: ignore[misc]
                 },
             )
         member.values = values
+
+    def on_step_end(self, iteration: int, trials: list[Any], **info: Any) -> None:
+        with deferred_signals():
+            self.beat()  # the search's owner is alive: no other crossrl command marks it KILLED
 
     def on_trial_complete(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._end(trial, errored=False)
@@ -459,6 +478,76 @@ def best_of(results: Sequence[TrialResult], search: SearchSpec) -> TrialResult |
     return min(usable, key=lambda r: rank_key(r, search)) if usable else None
 
 
+def search_key(spec: ScenarioSpec) -> str:
+    """What makes two searches the same one (`crossrl tune --resume` takes up only that): the spec's fingerprint and its
+    search section."""
+    assert spec.search is not None
+    blob = json.dumps(
+        {"fingerprint": spec.fingerprint(), "search": spec.search.model_dump(mode="json")}, sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def earlier_search(store: ResultsStore, spec: ScenarioSpec, engine: str) -> Any | None:
+    """The newest parent run of this same search on ``engine`` (None when there is none). SpecError while it is still
+    running (its owner alive)."""
+    exp = store.experiment_id(spec.name, create=False)
+    if exp is None:
+        return None
+    runs = store.client.search_runs(
+        [exp],
+        filter_string=(
+            f"tags.`crossrl.kind` = '{SEARCH_KIND}' and tags.`search.engine` = '{engine}' "
+            f"and tags.`search.key` = '{search_key(spec)}'"
+        ),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not runs:
+        return None
+    run = runs[0]
+    if run.info.status == "RUNNING":
+        owner = f"pid {run.data.tags.get('owner.pid', '?')} on {run.data.tags.get('owner.host', '?')}"
+        raise SpecError([f"--resume: {engine}'s search {run.info.run_id} is still running ({owner}); stop it first"])
+    return run
+
+
+def _ended_configurations(
+    store: ResultsStore, parent: Any, trials: Sequence[Trial]
+) -> tuple[list[TrialResult], dict[str, list[str]]]:
+    """A search's configurations that ended (read back as results) and the attempts of those that did not (name -> run
+    ids, oldest first), from its parent run's trials."""
+    by_name = {t.name: t for t in trials}
+    kept: list[TrialResult] = []
+    attempts: dict[str, list[str]] = {}
+    for run in sorted(store.children(parent), key=lambda r: r.info.start_time or 0):
+        name, status = str(run.info.run_name), run.data.tags.get("status", "")
+        if name not in by_name:
+            continue
+        if status in ENDED:
+            values = json.loads(run.data.tags.get("search.values", "{}"))
+            trial = by_name[name].model_copy(update={"hyperparams": {**by_name[name].hyperparams, **values}})
+            metrics = run.data.metrics
+            summary: dict[str, float | None] = {
+                k: metrics[k]
+                for k in (M.FINAL_RETURN_MEAN, M.STEPS_TO_TARGET, M.CPU_SECONDS, "setup_s")
+                if k in metrics
+            }
+            kept.append(
+                TrialResult(
+                    trial=trial,
+                    run_id=str(run.info.run_id),
+                    status=status,
+                    reason=run.data.tags.get("reason", ""),
+                    points=store.points_of(str(run.info.run_id)),
+                    summary=summary,
+                )
+            )
+        else:
+            attempts.setdefault(name, []).append(str(run.info.run_id))
+    return kept, attempts
+
+
 def search_engine(
     spec: ScenarioSpec,
     engine: str,
@@ -469,14 +558,22 @@ def search_engine(
     progress: Progress,
     spec_path: Path | None,
     command: str,
+    earlier: Any | None = None,
 ) -> EngineSearch:
-    """One engine's search on Ray Tune (the launcher is connected to the cluster at ``address``)."""
-    from ray.tune.schedulers import AsyncHyperBandScheduler, PopulationBasedTraining, TrialScheduler
+    """One engine's search on Ray Tune (the launcher is connected to the cluster at ``address``).
+
+    ``earlier``: the parent run of this engine's search that a `crossrl tune --resume` takes up. A FINISHED one is read
+    back as it is; otherwise its configurations that ended are kept and the others run again under the same parent run,
+    each from its newest good checkpoint when it wrote one (the killed attempt's points up to it carried over, the
+    attempt marked superseded), from scratch otherwise. ASHA's rungs and PBT's population start afresh (Tune keeps no
+    scheduler state across runs)."""
 
     search = spec.search
     assert search is not None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     root = store.results_dir / "checkpoints" / spec.name / f"search-{engine}-{stamp}-{uuid.uuid4().hex[:8]}"
+    if earlier is not None and earlier.data.tags.get(CHECKPOINT_ROOT_TAG):
+        root = Path(earlier.data.tags[CHECKPOINT_ROOT_TAG])
     every = None
     if search.scheduler == "pbt":  # every checkpoint kept: the engine trains on while Tune copies one, PBT decides
         keep = -(-search.env_steps // search.interval_env_steps) + 2
@@ -488,12 +585,43 @@ def search_engine(
         for t in spec.search_trials(engine, ray_address=address)
     ]
     bad = unsupported(trials[:1])
+    if earlier is not None:
+        parent_id = str(earlier.info.run_id)
+        kept, attempts = _ended_configurations(store, earlier, trials)
+        if earlier.data.tags.get("status") == M.FINISHED and not attempts:
+            out = EngineSearch(engine=engine, parent_id=parent_id, results=kept)
+            out.best = best_of(kept, search)
+            out.wall_s = float(earlier.data.tags.get("search.wall_s", "0") or 0)
+            progress("warning", {"trial": trials[0], "message": f"{engine}'s search had ended: read back as it is"})
+            return out
+        store.reopen_parent(parent_id)
+        carried = checkpoints_to_resume(store, trials, attempts, root, progress)
+        trials = [
+            t.model_copy(update={"resume_from": str(carried[t.name].folder)}) if t.name in carried else t
+            for t in trials
+        ]
+        remaining = [i for i, t in enumerate(trials) if t.name not in {r.trial.name for r in kept}]
+        return _run_search(
+            spec,
+            engine,
+            trials,
+            remaining,
+            store=store,
+            parent_id=parent_id,
+            parallel=parallel,
+            progress=progress,
+            out=EngineSearch(engine=engine, parent_id=parent_id, results=kept),
+            attempts=attempts,
+            carried=carried,
+        )
     parent_id = store.start_parent(
         spec.with_config({}, engines=[engine]), spec_path=spec_path, command=command, kind=SEARCH_KIND
     )
     store.set_tags(
         parent_id,
         {
+            CHECKPOINT_ROOT_TAG: str(root),
+            "search.key": search_key(spec),
             "search.engine": engine,
             "search.scheduler": search.scheduler,
             "search.configurations": str(search.configurations),
@@ -508,8 +636,42 @@ def search_engine(
         out.skipped = bad[0][1]
         store.finish_parent(parent_id, status=M.SKIPPED, counts={}, reason=out.skipped)
         return out
+    return _run_search(
+        spec,
+        engine,
+        trials,
+        list(range(len(trials))),
+        store=store,
+        parent_id=parent_id,
+        parallel=parallel,
+        progress=progress,
+        out=out,
+    )
+
+
+def _run_search(
+    spec: ScenarioSpec,
+    engine: str,
+    trials: list[Trial],
+    indices: list[int],
+    *,
+    store: ResultsStore,
+    parent_id: str,
+    parallel: int,
+    progress: Progress,
+    out: EngineSearch,
+    attempts: dict[str, list[str]] | None = None,
+    carried: dict[str, Carried] | None = None,
+) -> EngineSearch:
+    """The configurations ``indices`` of ``trials`` on Ray Tune, recorded under ``parent_id`` into ``out``; then the
+    search's ending (best configuration, cost, lineage) on its parent run."""
+    from ray.tune.schedulers import AsyncHyperBandScheduler, PopulationBasedTraining, TrialScheduler
+
+    search = spec.search
+    assert search is not None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     configs = search.sample()
-    param_space: dict[str, Any] = {CONFIG_KEY: tune.grid_search(list(range(len(configs))))}
+    param_space: dict[str, Any] = {CONFIG_KEY: tune.grid_search(indices)}
     for name in search.space:
         param_space[name] = tune.sample_from(functools.partial(_drawn, configs, name))
     scheduler: TrialScheduler | None = None
@@ -546,42 +708,48 @@ def search_engine(
         scheduler=search.scheduler,
         progress=progress,
         results=out.results,
+        attempts=attempts,
+        carried=carried,
     )
     resources = tune.PlacementGroupFactory([{}, *fanout.bundles(trials[0])], strategy="STRICT_PACK")
     names = {i: t.name for i, t in enumerate(trials)}
-    tuner = tune.Tuner(
-        tune.with_resources(
-            tune.with_parameters(
-                _trainable,
-                trials={t.name: t.model_dump_json() for t in trials},
-                pbt=search.scheduler == "pbt",
-                bounds=bounds_of(search),
+
+    def tuner() -> Any:
+        return tune.Tuner(
+            tune.with_resources(
+                tune.with_parameters(
+                    _trainable,
+                    trials={t.name: t.model_dump_json() for t in trials},
+                    pbt=search.scheduler == "pbt",
+                    bounds=bounds_of(search),
+                ),
+                resources,
             ),
-            resources,
-        ),
-        param_space=param_space,
-        tune_config=tune.TuneConfig(
-            scheduler=scheduler,
-            # PBT's synchronous step needs the whole population in Tune (pending ones included): its members run as
-            # the cluster's CPUs allow
-            max_concurrent_trials=None if search.scheduler == "pbt" else parallel,
-            trial_name_creator=lambda t: names[int(t.config[CONFIG_KEY])],
-            trial_dirname_creator=lambda t: names[int(t.config[CONFIG_KEY])],
-            reuse_actors=False,
-        ),
-        run_config=tune.RunConfig(
-            name=f"{spec.name}-{engine}-{stamp}",
-            storage_path=str(store.results_dir / "tune"),
-            callbacks=[recorder],
-            verbose=0,
-            failure_config=tune.FailureConfig(max_failures=0),
-        ),
-    )
+            param_space=param_space,
+            tune_config=tune.TuneConfig(
+                scheduler=scheduler,
+                # PBT's synchronous step needs the whole population in Tune (pending ones included): its members run as
+                # the cluster's CPUs allow
+                max_concurrent_trials=None if search.scheduler == "pbt" else parallel,
+                trial_name_creator=lambda t: names[int(t.config[CONFIG_KEY])],
+                trial_dirname_creator=lambda t: names[int(t.config[CONFIG_KEY])],
+                reuse_actors=False,
+            ),
+            run_config=tune.RunConfig(
+                name=f"{spec.name}-{engine}-{stamp}",
+                storage_path=str(store.results_dir / "tune"),
+                callbacks=[recorder],
+                verbose=0,
+                failure_config=tune.FailureConfig(max_failures=0),
+            ),
+        )
+
     t0 = time.perf_counter()
     status, reason = M.FINISHED, ""
     try:
         logging.getLogger("ray.tune").setLevel(logging.ERROR)  # the store has the results, not Tune's own files
-        tuner.fit()
+        if indices:  # none left: a resumed search whose configurations had all ended
+            tuner().fit()
     except KeyboardInterrupt:
         status, reason = M.KILLED, "interrupted"
         raise
@@ -622,11 +790,17 @@ def run_tune(
     spec_path: Path | None = None,
     command: str = "",
     test: bool = True,
+    resume: bool = False,
     on_search: Callable[[EngineSearch], None] = lambda _s: None,
 ) -> TuneOutcome:
     """Each engine's search (``spec.search``), then, with ``test``, the scenario's own setting and each engine's best
     configuration on the test seeds. SpecError before anything runs for a spec without a search or a trial that cannot
-    fit the cluster."""
+    fit the cluster.
+
+    ``resume`` takes up the newest run of this same search (its spec's fingerprint and search section) on each engine:
+    see :func:`search_engine`; an engine without one is searched afresh. The test-seed runs are run again unless they
+    had all finished for these searches. A stop (Ctrl-C, SIGTERM) ends the running trials KILLED and returns with
+    ``interrupted``."""
     if spec.search is None:
         raise SpecError([f"scenario {spec.name!r} has no search section: add one (docs/tuning.md)"])
     if parallel < 1:
@@ -636,6 +810,9 @@ def run_tune(
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # the store holds the results
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # a result before the first episode has no score
+    # Ctrl-C stops a search as SIGTERM does (KeyboardInterrupt: the running trials KILLED, exit 130), not Tune's way
+    # (a graceful end that returns as if the search had finished)
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     outcome = TuneOutcome(searches=[])
     # A local cluster gets the CPUs the search's biggest trial asks for (its driver and workers) even when this machine
     # has fewer: a search compares what configurations learn per env step, not their speed, and runs one at a time
@@ -647,6 +824,7 @@ def run_tune(
         store.start_journal(warn=lambda msg: notify("store_warning", {"message": msg}))
         try:
             for engine in chosen:
+                earlier = earlier_search(store, spec, engine) if resume else None
                 found = search_engine(
                     spec,
                     engine,
@@ -656,6 +834,7 @@ def run_tune(
                     progress=notify,
                     spec_path=spec_path,
                     command=command,
+                    earlier=earlier,
                 )
                 outcome.searches.append(found)
                 on_search(found)
@@ -671,6 +850,9 @@ def run_tune(
         disconnect()
     if not test:
         return outcome
+    if resume and _tested(store, spec, outcome.searches):
+        notify("store_warning", {"message": "the test-seed runs of these searches had finished: not run again"})
+        return outcome
     search = spec.search
     shared = spec.model_copy(update={"seeds": search.test_seeds, "engines": chosen})
     outcome.shared = run_scenario(
@@ -678,15 +860,35 @@ def run_tune(
     )
     _tag_tuned(store, outcome.shared, role="shared", searches=outcome.searches)
     for found in outcome.searches:
-        if found.best is None:
+        if found.best is None or outcome.shared.interrupted:
             continue
         config = {k: found.best.trial.hyperparams[k] for k in search.space}
         tuned = spec.with_config(config, seeds=search.test_seeds, engines=[found.engine])
-        outcome.tuned[found.engine] = run_scenario(
+        run = outcome.tuned[found.engine] = run_scenario(
             tuned, store=store, spec_path=spec_path, command=command, progress=notify, kind=TUNED_KIND
         )
-        _tag_tuned(store, outcome.tuned[found.engine], role="tuned", searches=[found], config=config)
+        _tag_tuned(store, run, role="tuned", searches=[found], config=config)
+        if run.interrupted:
+            break
+    outcome.interrupted = any(r.interrupted for r in [outcome.shared, *outcome.tuned.values()])
     return outcome
+
+
+def _tested(store: ResultsStore, spec: ScenarioSpec, searches: Sequence[EngineSearch]) -> bool:
+    """Whether the own setting's test-seed run of exactly these searches finished (then so did the tuned ones')."""
+    exp = store.experiment_id(spec.name, create=False)
+    ids = ",".join(s.parent_id for s in searches)
+    runs = store.client.search_runs(
+        [exp], filter_string=f"tags.`crossrl.kind` = '{TUNED_KIND}' and tags.`tuned.role` = 'shared'"
+    )
+    done = [r for r in runs if r.data.tags.get("tuned.searches") == ids and r.data.tags.get("status") == M.FINISHED]
+    if not done:
+        return False
+    tuned = store.client.search_runs(
+        [exp], filter_string=f"tags.`crossrl.kind` = '{TUNED_KIND}' and tags.`tuned.role` = 'tuned'"
+    )
+    finished = {r.data.tags.get("tuned.searches") for r in tuned if r.data.tags.get("status") == M.FINISHED}
+    return all(s.parent_id in finished for s in searches if s.best is not None)
 
 
 def _tag_tuned(

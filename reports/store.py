@@ -57,6 +57,7 @@ _MLFLOW_STATUS = {
 # another process; another host: no beat for STALE_AFTER_S) is an orphan: SIGKILL, OOM, power loss.
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0
+PARENT_KINDS = ("parent", "search", "tuned")  # runs that hold trials: `crossrl run`'s, `crossrl tune`'s two kinds
 SUPERSEDED_TAG = "crossrl.superseded_by"  # on a trial run that `crossrl run --resume` ran again
 _TRIAL_TAGS = ("engine", "engine_version", "algorithm", "optimizer", "workers", "envs_per_worker", "seed")
 
@@ -416,11 +417,11 @@ class ResultsStore:
         exps = [e.experiment_id for e in self.client.search_experiments()]
         if not exps:
             return {}
-        running = self.client.search_runs(
-            exps, filter_string="attributes.status = 'RUNNING' and tags.`crossrl.kind` = 'parent'", max_results=1000
-        )
+        running = self.client.search_runs(exps, filter_string="attributes.status = 'RUNNING'", max_results=5000)
         marked: dict[str, str] = {}
         for parent in running:
+            if parent.data.tags.get("crossrl.kind") not in PARENT_KINDS:  # `crossrl run`'s, and `crossrl tune`'s
+                continue
             reason = _orphan_reason(parent.data.tags, started_s=parent.info.start_time / 1000)
             if reason is None:
                 continue

@@ -129,3 +129,46 @@ def test_pbt_members_copy_each_other_and_the_lineage_is_stored(engine: str, resu
     for run in members.values():  # one continuous curve per member, to its whole budget
         steps = [m.step for m in store.client.get_metric_history(run.info.run_id, "env_steps_sampled")]
         assert steps == sorted(steps) and steps[-1] >= 1000
+
+
+@pytest.mark.system
+def test_a_search_stopped_by_sigterm_is_resumed_and_completed(results_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM while a configuration trains: that trial KILLED (nothing left RUNNING), exit 143; `--resume` keeps the
+    configuration that had ended, continues the killed one from its checkpoint, and completes the search."""
+    import os
+    import signal
+    import time
+
+    spec = _spec(tmp_path, "tune-resume", "crossrl", {"scheduler": "random", "configurations": 2, "env_steps": 2500})
+    raw = yaml.safe_load(spec.read_text())
+    raw["checkpoint"] = {"every_env_steps": 500, "keep": 3}
+    spec.write_text(yaml.safe_dump(raw))
+    cmd = [*CLI, "tune", str(spec), "--no-test", "--results-dir", str(results_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = "crossrl-ppo-w1-s7-c01"
+    deadline = time.monotonic() + 600
+    while not list(results_dir.glob(f"checkpoints/tune-resume/search-*/{second}/ckpt-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the search ended before its second configuration"
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, out[-2000:] + err[-2000:]
+    store = ResultsStore(None, results_dir=results_dir)
+    [search] = _runs(store, "tune-resume", SEARCH_KIND)
+    assert search.data.tags["status"] == "KILLED"
+    statuses = {r.info.run_name: r.data.tags["status"] for r in store.children(search)}
+    assert statuses == {"crossrl-ppo-w1-s7-c00": "FINISHED", second: "KILLED"}, statuses
+    killed = next(r.info.run_id for r in store.children(search) if r.info.run_name == second)
+
+    again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    [search] = _runs(store, "tune-resume", SEARCH_KIND)  # the same search, taken up: not a new one
+    assert search.data.tags["status"] == "FINISHED" and search.data.tags["resumes"] == "1"
+    runs = store.children(search)
+    assert sorted(r.info.run_name for r in runs) == ["crossrl-ppo-w1-s7-c00", second]  # c00 did not run again
+    [resumed] = [r for r in runs if r.info.run_name == second]
+    assert resumed.data.tags["status"] == "FINISHED" and resumed.data.tags["resumed.from_run"] == killed
+    assert int(resumed.data.tags["resumed.env_step"]) >= 500
+    steps = [m.step for m in store.client.get_metric_history(resumed.info.run_id, "env_steps_sampled")]
+    assert steps[0] < int(resumed.data.tags["resumed.env_step"]) < steps[-1]  # one curve: carried, then continued
+    assert len(store.children(search, superseded=True)) == 3  # the killed attempt is kept, marked superseded
