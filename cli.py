@@ -1348,7 +1348,10 @@ def main() -> None:
 
 
 def _optional_resume_value(args: list[str]) -> list[str]:
-    """``--resume`` may stand alone (the scenario's newest run): give it the value ``latest`` then."""
+    """`crossrl run`'s ``--resume`` may stand alone (the scenario's newest run): give it the value ``latest`` then
+    (`crossrl tune --resume` is a flag)."""
+    if "run" not in args[:1]:
+        return args
     out = []
     for i, arg in enumerate(args):
         out.append(arg)

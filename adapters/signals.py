@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -38,11 +39,42 @@ class Interrupted(KeyboardInterrupt):
 
     @classmethod
     def of(cls, exc: BaseException) -> Interrupted:
-        """``exc`` itself when it is one; a plain ``KeyboardInterrupt`` (Python's own, on SIGINT) as Ctrl-C's."""
-        return exc if isinstance(exc, Interrupted) else cls(signal.SIGINT)
+        """``exc`` itself when it is one; a plain ``KeyboardInterrupt`` as the stop signal raised moments ago when there
+        was one (a library on the way up, Ray's ``ray.get`` among them, raises a plain ``KeyboardInterrupt`` of its own
+        in place of ours), else as Ctrl-C's (Python's own, on SIGINT)."""
+        if isinstance(exc, Interrupted):
+            return exc
+        signum, when = _LAST_STOP
+        return cls(signum if signum and time.monotonic() - when < RECENT_S else signal.SIGINT)
+
+
+RECENT_S = 60.0  # a plain KeyboardInterrupt this soon after a stop signal was raised is that stop
+_LAST_STOP: list[Any] = [0, 0.0]  # the last stop signal raised as Interrupted, and when
+
+
+def stop_since(started: float) -> int | None:
+    """The stop signal raised as :class:`Interrupted` since ``started`` (``time.monotonic()``), if any: a library that
+    caught the ``KeyboardInterrupt`` on its way up (Ray Tune's loop ends early on one) does not lose the stop."""
+    signum, when = _LAST_STOP
+    return int(signum) if signum and when >= started else None
+
+
+@contextlib.contextmanager
+def ctrl_c_as_interrupted() -> Iterator[None]:
+    """While the block runs, Ctrl-C (SIGINT) raises :class:`Interrupted` and is remembered (:func:`stop_since`), as
+    the stop signals are under :func:`stop_on_signals`."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _raise_interrupted(signum: int, _frame: Any) -> None:
+    _LAST_STOP[:] = [signum, time.monotonic()]
     raise Interrupted(signum)
 
 

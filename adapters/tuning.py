@@ -51,7 +51,13 @@ from crossrl.adapters.runner import (
     checkpoints_to_resume,
     run_scenario,
 )
-from crossrl.adapters.signals import deferred_signals, held_signals
+from crossrl.adapters.signals import (
+    Interrupted,
+    ctrl_c_as_interrupted,
+    deferred_signals,
+    held_signals,
+    stop_since,
+)
 from crossrl.adapters.trials import Carried, Progress, TrialRecorder, TrialResult, open_trial, summarize
 from crossrl.core.cluster import disconnect
 from crossrl.core.envguard import WATCH_DIR_ENV
@@ -596,6 +602,9 @@ def search_engine(
             return out
         store.reopen_parent(parent_id)
         carried = checkpoints_to_resume(store, trials, attempts, root, progress)
+        # Only a checkpoint whose point reached the store continues its curve: one written just before the stop, whose
+        # messages were still on their way to the launcher, would leave a gap; that configuration starts again.
+        carried = {k: c for k, c in carried.items() if c.points and c.points[-1][0] == c.env_step}
         trials = [
             t.model_copy(update={"resume_from": str(carried[t.name].folder)}) if t.name in carried else t
             for t in trials
@@ -744,15 +753,20 @@ def _run_search(
             ),
         )
 
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.monotonic()
     status, reason = M.FINISHED, ""
     try:
         logging.getLogger("ray.tune").setLevel(logging.ERROR)  # the store has the results, not Tune's own files
         if indices:  # none left: a resumed search whose configurations had all ended
-            tuner().fit()
-    except KeyboardInterrupt:
-        status, reason = M.KILLED, "interrupted"
-        raise
+            with ctrl_c_as_interrupted():
+                tuner().fit()
+        stopped = stop_since(started)
+        if stopped is not None:  # Tune's loop caught the stop and returned early: the search was stopped all the same
+            raise Interrupted(stopped)
+    except KeyboardInterrupt as e:
+        stop = Interrupted.of(e)
+        status, reason = M.KILLED, f"interrupted ({stop.label})"
+        raise stop from None
     except Exception as e:  # Ray Tune itself stopped: the search is FAILED with why, what its trials logged is kept
         lines = [line for line in str(e).splitlines() if line.strip()]
         status = M.FAILED
