@@ -62,18 +62,16 @@ from crossrl.adapters.trials import Carried, Progress, TrialRecorder, TrialResul
 from crossrl.core.cluster import disconnect
 from crossrl.core.envguard import WATCH_DIR_ENV
 from crossrl.reports.store import ResultsStore
+from crossrl.reports.tuned import LINEAGE_ARTIFACT, SEARCH_KIND, TUNED_KIND
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import SpecError
 from crossrl.scenarios.spec import CheckpointSpec, Distribution, ScenarioSpec, SearchSpec, Trial
 
-SEARCH_KIND = "search"  # a parent run holding one engine's search
-TUNED_KIND = "tuned"  # a parent run holding test-seed trials run by `crossrl tune`
 CONFIG_KEY = "config"  # the configuration's index in a Tune trial's config
 MESSAGES_KEY = "crossrl_messages"
 SCORE_KEY = "score"  # the trial's return so far: what ASHA compares at a rung
 STEPS_KEY = "env_steps"  # ASHA's time axis
-REPORT_EVERY_S = 10.0
-LINEAGE_ARTIFACT = "pbt_lineage.json"  # on a PBT search's parent run: every exploit, in order  # a trial with messages but no point reports at least this often
+REPORT_EVERY_S = 10.0  # a trial with messages but no point reports at least this often
 
 
 # --------------------------------------------------------------------------------------------------------------------

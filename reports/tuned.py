@@ -29,7 +29,9 @@ from crossrl.reports.stats import (
 from crossrl.scenarios import metrics as M
 
 NEAR_BEST = 0.10  # a configuration within this fraction of the best one's final return counts as "as good"
-SEARCH_KIND, TUNED_KIND = "search", "tuned"
+SEARCH_KIND = "search"  # a parent run holding one engine's search (`crossrl tune`)
+TUNED_KIND = "tuned"  # a parent run holding test-seed trials run by `crossrl tune`
+LINEAGE_ARTIFACT = "pbt_lineage.json"  # on a PBT search's parent run: every exploit, in order
 
 
 @dataclass
@@ -100,7 +102,7 @@ def load_tuned(store: Any, scenario: str) -> TunedData:
             )
         if tags.get("search.scheduler") == "pbt":
             try:
-                lineage[engine] = json.loads(store.artifact_bytes(sid, "pbt_lineage.json"))
+                lineage[engine] = json.loads(store.artifact_bytes(sid, LINEAGE_ARTIFACT))
             except Exception:
                 lineage[engine] = []
     chosen = [
