@@ -546,6 +546,67 @@ def tune(
         raise typer.Exit(1)
 
 
+@app.command()
+def fidelity(
+    spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
+    engine: Annotated[str, typer.Option("--engine", help="rllib or torchrl: the engine checked against its own loop")],
+    seeds: Annotated[str | None, typer.Option("--seeds", help="comma-separated seeds (default: the spec's)")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="env-step budget per trial")] = None,
+    sets: Sets = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """Check that an engine learns through crossrl as it does in its own minimal loop: the spec's trials on ENGINE
+    through crossrl's adapter, then the same seeds through the engine's own loop (RLlib: build_algo() and train() on
+    the adapter's stored config; TorchRL: its PPO reference loop), then env steps to target, final return and env
+    steps per second compared with CIs (docs/fidelity.md)."""
+    from crossrl.adapters.fidelity.compare import fidelity_problems, run_fidelity
+    from crossrl.adapters.signals import Interrupted, stop_on_signals
+    from crossrl.reports.console import RunDisplay
+    from crossrl.reports.fidelity import load_fidelity, markdown, write_report
+    from crossrl.reports.store import StoreError
+    from crossrl.scenarios import metrics as M
+    from crossrl.scenarios.loader import SpecError
+
+    scenario, path = _load(spec, _overrides(engine, None, seeds, steps, sets))
+    problems = fidelity_problems(scenario, engine)
+    if problems:
+        _fail(problems)
+    store = _store_or_fail(tracking_uri, results_dir)
+    console = _console()
+    try:
+        with stop_on_signals(), RunDisplay(console, scenario) as display:
+            outcome = run_fidelity(
+                scenario,
+                engine=engine,
+                store=store,
+                results_dir=results_dir,
+                progress=display.event,
+                spec_path=path,
+                command=" ".join(sys.argv),
+            )
+    except SpecError as e:
+        _fail(e.problems)
+    except StoreError as e:
+        _fail([str(e)])
+    except KeyboardInterrupt as e:
+        raise typer.Exit(Interrupted.of(e).exit_code) from None
+    if outcome.interrupted:
+        stop = (outcome.native or outcome.adapter).stop_signal or outcome.adapter.stop_signal
+        raise typer.Exit(Interrupted(stop or signal.SIGINT).exit_code)
+    if outcome.missing_configs:
+        _note(f"no stored native config for seeds {outcome.missing_configs} (their adapter trials failed early)")
+    try:
+        data = load_fidelity(store, scenario.name, key=outcome.key)
+    except StoreError as e:
+        _fail([str(e)])
+    typer.echo(markdown(data))
+    typer.echo(f"report: {write_report(store, data, results_dir / 'reports' / scenario.name)}")
+    ended = outcome.adapter.results + (outcome.native.results if outcome.native else [])
+    if any(r.status in (M.FAILED, M.TIMEOUT) for r in ended):
+        raise typer.Exit(1)
+
+
 def _render_report(store: Any, *, parent_id: str, out_dir: Path) -> None:
     from crossrl.reports.api import make_report
 
