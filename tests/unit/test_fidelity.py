@@ -1,0 +1,67 @@
+"""The fidelity comparison's parts without an engine: which stored settings RLlib's own loop takes, and how the report
+decides that the adapter and the engine's own loop differ beyond the noise."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from crossrl.adapters.fidelity.rllib_loop import settings_from
+from crossrl.reports.fidelity import STEPS_PER_S, FidelityData, markdown, table
+from crossrl.scenarios import metrics as M
+
+
+def test_rllib_loop_takes_the_settings_crossrl_chose_and_nothing_of_crossrls_own() -> None:
+    defaults = {"lr": 5e-5, "num_epochs": 30, "env": None, "env_config": {}, "seed": None, "gamma": 0.99,
+                "callbacks_on_episode_end": None, "policy_mapping_fn": object.__init__}  # fmt: skip
+    stored = {"lr": 3e-4, "num_epochs": 10, "env": "crossrl-abc", "env_config": {"env_spec": {}}, "seed": 0,
+              "gamma": 0.99, "callbacks_on_episode_end": "<function _on_episode_end at 0x7f00>",
+              "policy_mapping_fn": repr(object.__init__), "not_in_rllib": 1}  # fmt: skip
+    assert settings_from(stored, defaults) == {"lr": 3e-4, "num_epochs": 10, "seed": 0}
+
+
+def test_rllib_loop_refuses_a_stored_object_it_cannot_rebuild() -> None:
+    with pytest.raises(ValueError, match="rl_module_spec is an object"):
+        settings_from({"rl_module_spec": "<RLModuleSpec object at 0x1>"}, {"rl_module_spec": None})
+
+
+def _data(adapter: dict[str, list[float]], native: dict[str, list[float]]) -> FidelityData:
+    rows = []
+    for role, values in (("adapter", adapter), ("native", native)):
+        for i in range(len(values[STEPS_PER_S])):
+            rows.append({"role": role, "seed": i, "status": "FINISHED", "reason": "",
+                         **{k: v[i] for k, v in values.items()}})  # fmt: skip
+    return FidelityData("s", "rllib", "k", pd.DataFrame(rows), {"adapter": "a", "native": "n"}, 450.0)
+
+
+def _side(speed: float, rng: np.random.Generator) -> dict[str, list[float]]:
+    return {
+        M.STEPS_TO_TARGET: list(40_000 * rng.uniform(0.8, 1.2, 8)),
+        M.FINAL_RETURN_MEAN: list(480 + rng.uniform(-10, 10, 8)),
+        STEPS_PER_S: list(speed * rng.uniform(0.95, 1.05, 8)),
+    }
+
+
+def test_a_slower_adapter_is_flagged_and_equal_ones_are_within_the_noise() -> None:
+    rng = np.random.default_rng(1)
+    same = table(_data(_side(1000, rng), _side(1000, rng)))
+    assert same.set_index("measure").within_noise.all()
+    slow = table(_data(_side(600, rng), _side(1000, rng))).set_index("measure")
+    assert slow.loc[STEPS_PER_S, "within_noise"] is False or not slow.loc[STEPS_PER_S, "within_noise"]
+    assert slow.loc[STEPS_PER_S, "ratio_hi"] < 1 and slow.loc[STEPS_PER_S, "p_adapter_better"] == 0.0
+    assert "adapter worse: find why" in markdown(_data(_side(600, rng), _side(1000, rng)))
+
+
+def test_a_seed_that_missed_the_target_counts_as_worst_and_leaves_the_ratio() -> None:
+    rng = np.random.default_rng(2)
+    native = _side(1000, rng)
+    adapter = {k: list(v) for k, v in native.items()}
+    adapter[M.STEPS_TO_TARGET][0] = math.nan  # seed 0 never reached the target through the adapter
+    row = table(_data(adapter, native)).set_index("measure").loc[M.STEPS_TO_TARGET]
+    assert row.adapter_n == 7 and row.native_n == 8 and row.pairs == 7
+    assert row.ratio == pytest.approx(1.0) and row.within_noise  # the 7 pairs are equal
+    # the same values on both sides (P = 0.5) but one miss, which loses every comparison it is in
+    assert row.p_adapter_better < 0.5
