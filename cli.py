@@ -592,18 +592,14 @@ def fidelity(
     except KeyboardInterrupt as e:
         raise typer.Exit(Interrupted.of(e).exit_code) from None
     if outcome.interrupted:
-        stop = (outcome.native or outcome.adapter).stop_signal or outcome.adapter.stop_signal
-        raise typer.Exit(Interrupted(stop or signal.SIGINT).exit_code)
-    if outcome.missing_configs:
-        _note(f"no stored native config for seeds {outcome.missing_configs} (their adapter trials failed early)")
+        raise typer.Exit(Interrupted(outcome.run.stop_signal or signal.SIGINT).exit_code)
     try:
         data = load_fidelity(store, scenario.name, key=outcome.key)
     except StoreError as e:
         _fail([str(e)])
     typer.echo(markdown(data))
     typer.echo(f"report: {write_report(store, data, results_dir / 'reports' / scenario.name)}")
-    ended = outcome.adapter.results + (outcome.native.results if outcome.native else [])
-    if any(r.status in (M.FAILED, M.TIMEOUT) for r in ended):
+    if any(r.status in (M.FAILED, M.TIMEOUT) for r in outcome.run.results):
         raise typer.Exit(1)
 
 

@@ -137,6 +137,7 @@ class TrialRecorder:
             self.store.set_tags(self.run_id, msg["tags"], what="engine tags")
         elif kind == "native_config":
             self.store.log_native_config(self.run_id, msg["config"])
+            self.progress("native_config", {"trial": self.trial, "config": msg["config"]})
         elif kind == "artifact":
             self.log_artifact(str(msg["name"]), base64.b64decode(msg["data"]))
         elif kind == "verdict":  # a sweep's host ended the trial for an env fault or a stall (crossrl.adapters.watch)

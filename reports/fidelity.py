@@ -1,7 +1,8 @@
 """The fidelity report: an engine's own minimal loop against the same trials run through crossrl's adapter.
 
-Both sides are parent runs of kind ``fidelity`` sharing a ``fidelity.key`` tag (role ``adapter`` and ``native``), run
-on the same seeds with the same budget and measured by the same sink. Per measure (env steps to the target, final
+Both sides are in one parent run of kind ``fidelity`` (tags ``fidelity.engine``, ``fidelity.key``): per seed the trial
+on the engine through crossrl's adapter (role ``adapter``) and right after it the same trial on ``<engine>-native``,
+the engine's own loop (role ``native``), with the same budget and measured by the same sink. Per measure (env steps to the target, final
 return, env steps per second over training time) the table gives each side's IQM with its 95 % stratified bootstrap
 CI, the ratio adapter / native paired by seed with its CI (IQM of the log-ratios, paired bootstrap), and the
 probability that the adapter's trial is better than the native one (rliable's probability of improvement). A ratio
@@ -26,8 +27,8 @@ from crossrl.reports.stats import (
 )
 from crossrl.scenarios import metrics as M
 
-FIDELITY_KIND = "fidelity"  # a parent run of `crossrl fidelity`: one side (tag fidelity.role) of one comparison
-ROLES = ("adapter", "native")
+FIDELITY_KIND = "fidelity"  # a parent run of `crossrl fidelity`: both sides of one comparison
+NATIVE_SUFFIX = "-native"  # the engine id of an engine's own loop: rllib-native, torchrl-native
 STEPS_PER_S = "env_steps_per_s"  # a trial's env steps sampled over its training seconds
 # measure -> (label, higher is better, format)
 MEASURES: dict[str, tuple[str, bool, str]] = {
@@ -43,7 +44,7 @@ class FidelityData:
     engine: str
     key: str
     trials: pd.DataFrame  # role, seed, status, reason, and one column per measure
-    parents: dict[str, str]  # role -> parent run id
+    parent_id: str
     target: float
 
 
@@ -73,7 +74,7 @@ def trial_measures(loaded: Any) -> pd.DataFrame:
 
 
 def load_fidelity(store: Any, scenario: str, *, engine: str | None = None, key: str | None = None) -> FidelityData:
-    """The newest complete `crossrl fidelity` of ``scenario`` (on ``engine``, or with ``key``). StoreError if none."""
+    """The newest `crossrl fidelity` of ``scenario`` (on ``engine``, or the one tagged ``key``). StoreError if none."""
     from crossrl.reports.store import StoreError
 
     exp = store.experiment_id(scenario, create=False)
@@ -82,33 +83,24 @@ def load_fidelity(store: Any, scenario: str, *, engine: str | None = None, key: 
     runs = store.client.search_runs(
         [exp], filter_string=f"tags.`crossrl.kind` = '{FIDELITY_KIND}'", order_by=["attributes.start_time DESC"]
     )
-    by_key: dict[str, dict[str, Any]] = {}
     for run in runs:
         tags = run.data.tags
         if (engine and tags.get("fidelity.engine") != engine) or (key and tags.get("fidelity.key") != key):
             continue
-        by_key.setdefault(tags.get("fidelity.key", ""), {}).setdefault(tags.get("fidelity.role", ""), run)
-    for found_key, sides in by_key.items():  # newest first
-        if all(role in sides for role in ROLES):
-            frames = []
-            for role in ROLES:
-                part = trial_measures(store.load(parent_id=sides[role].info.run_id))
-                frames.append(part.assign(role=role))
-            trials = pd.concat(frames, ignore_index=True)
-            target = (
-                float(trials["target_return"].dropna().iloc[0]) if trials["target_return"].notna().any() else math.nan
-            )
-            return FidelityData(
-                scenario=scenario,
-                engine=sides["adapter"].data.tags.get("fidelity.engine", ""),
-                key=found_key,
-                trials=trials,
-                parents={role: sides[role].info.run_id for role in ROLES},
-                target=target,
-            )
-    raise StoreError(
-        f"no complete `crossrl fidelity` of {scenario!r}{' on ' + engine if engine else ''} in {store.uri}"
-    )
+        trials = trial_measures(store.load(parent_id=run.info.run_id))
+        if trials.empty:
+            continue
+        trials["role"] = np.where(trials.engine.str.endswith(NATIVE_SUFFIX), "native", "adapter")
+        known = trials["target_return"].dropna()
+        return FidelityData(
+            scenario=scenario,
+            engine=tags.get("fidelity.engine", ""),
+            key=tags.get("fidelity.key", ""),
+            trials=trials,
+            parent_id=run.info.run_id,
+            target=float(known.iloc[0]) if len(known) else math.nan,
+        )
+    raise StoreError(f"no `crossrl fidelity` of {scenario!r}{' on ' + engine if engine else ''} in {store.uri}")
 
 
 def _iqm_ci(values: np.ndarray, rng: np.random.Generator) -> tuple[float, float, float]:
@@ -211,9 +203,9 @@ def markdown(data: FidelityData, *, rng: np.random.Generator | None = None) -> s
 
 
 def write_report(store: Any, data: FidelityData, out_dir: Path) -> Path:
-    """``fidelity-<engine>.md`` in ``out_dir``, also logged to the adapter side's parent run."""
+    """``fidelity-<engine>.md`` in ``out_dir``, also logged to the comparison's parent run."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"fidelity-{data.engine}.md"
     path.write_text(markdown(data))
-    store.log_file(data.parents["adapter"], path, "report")
+    store.log_file(data.parent_id, path, "report")
     return path

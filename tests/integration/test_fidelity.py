@@ -1,6 +1,6 @@
 """`crossrl fidelity` end to end on the real engines: the spec's trial through crossrl's adapter, then the same seed
 through the engine's own loop (RLlib: build_algo() + train() on the adapter's stored config; TorchRL: its PPO
-reference loop), both stored as parent runs of kind `fidelity` and compared in a report."""
+reference loop), both in one parent run of kind `fidelity`, compared in a report."""
 
 from __future__ import annotations
 
@@ -60,14 +60,14 @@ def test_fidelity_runs_the_adapter_then_the_engines_own_loop_on_the_same_seed(
     assert set(trials.index) == {"adapter", "native"}
     assert list(trials.status) == ["FINISHED", "FINISHED"] and list(trials.seed) == [3, 3]
     assert (trials.env_steps_per_s > 0).all()
+    # one parent run of kind fidelity: per seed the adapter's trial, then the engine's own loop's
     exp = store.experiment_id("fidelity-tiny", create=False)
-    parents = store.client.search_runs([exp], filter_string=f"tags.`crossrl.kind` = '{FIDELITY_KIND}'")
-    assert sorted(p.data.tags["fidelity.role"] for p in parents) == ["adapter", "native"]
-    # the native side ran on the engine's own loop with the adapter's settings: its own native config says so
-    native_parent = next(p for p in parents if p.data.tags["fidelity.role"] == "native")
-    (native_trial,) = store.children(native_parent)
-    assert native_trial.data.tags["engine"] == f"{engine}-native"
-    native = json.loads(store.artifact_bytes(native_trial.info.run_id, NATIVE_CONFIG_ARTIFACT))
+    (parent,) = store.client.search_runs([exp], filter_string=f"tags.`crossrl.kind` = '{FIDELITY_KIND}'")
+    assert parent.data.tags["fidelity.engine"] == engine and parent.info.run_id == data.parent_id
+    by_engine = {r.data.tags["engine"]: r for r in store.children(parent)}
+    assert set(by_engine) == {engine, f"{engine}-native"}
+    assert by_engine[engine].info.start_time < by_engine[f"{engine}-native"].info.start_time
+    native = json.loads(store.artifact_bytes(by_engine[f"{engine}-native"].info.run_id, NATIVE_CONFIG_ARTIFACT))
     if engine == "rllib":  # the settings crossrl chose, taken from the adapter's stored config
         applied = native["settings_from_stored_config"]
         assert applied["lr"] == pytest.approx(1e-3) and applied["num_epochs"] == 2

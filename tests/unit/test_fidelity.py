@@ -34,7 +34,7 @@ def _data(adapter: dict[str, list[float]], native: dict[str, list[float]]) -> Fi
         for i in range(len(values[STEPS_PER_S])):
             rows.append({"role": role, "seed": i, "status": "FINISHED", "reason": "",
                          **{k: v[i] for k, v in values.items()}})  # fmt: skip
-    return FidelityData("s", "rllib", "k", pd.DataFrame(rows), {"adapter": "a", "native": "n"}, 450.0)
+    return FidelityData("s", "rllib", "k", pd.DataFrame(rows), "parent", 450.0)
 
 
 def _side(speed: float, rng: np.random.Generator) -> dict[str, list[float]]:
