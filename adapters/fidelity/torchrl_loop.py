@@ -1,0 +1,255 @@
+"""TorchRL's own PPO loop: the structure of TorchRL's reference scripts (``sota-implementations/ppo``, ppo_atari.py /
+ppo_mujoco.py) with the settings crossrl's TorchRL adapter stored for the same trial; nothing of crossrl's adapter.
+
+Taken from the stored native config (``crossrl.adapters.fidelity.stored_config``): the collector (class, its kwargs,
+frames per batch, number of workers), ``ClipPPOLoss``'s kwargs, ``GAE``'s kwargs, Adam's lr and eps and the gradient
+clip norm. From the trial: epochs, minibatch, the env id, envs per worker, the MLP's hidden sizes and activation and
+the seed. Built with TorchRL's own calls: per worker a ``SerialEnv`` of ``GymEnv`` (gymnasium) with ``RewardSum`` and
+``StepCounter`` (the adapter's layout: one process per worker stepping its envs one after another), a
+``ProbabilisticActor`` with a ``Categorical`` over ``MLP`` logits, a ``ValueOperator`` over an ``MLP``, both with
+TorchRL's (PyTorch's) default initialisation, as ppo_atari.py builds its heads.
+
+The loop, as the reference scripts: the collector iterated in a ``for`` loop; per batch and per epoch ``GAE`` over the
+whole batch (recomputed every epoch with the current critic, as the reference does), the flattened batch extended into
+a ``ReplayBuffer(LazyTensorStorage(frames_per_batch), SamplerWithoutReplacement(), batch_size=minibatch)``, iterated
+minibatch by minibatch: ``loss_objective + loss_critic + loss_entropy``, ``backward()``, ``clip_grad_norm_``, Adam's
+step; then ``collector.update_policy_weights_()``. No learning-rate or clip annealing (the reference's
+``anneal_lr`` / ``anneal_clip_epsilon``): crossrl's adapter has none, and the stored config names none.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from crossrl.adapters.base import MetricSink
+from crossrl.adapters.fidelity import CONFIGS_ENV, stored_config
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.spec import Trial
+
+COLLECTORS = ("Collector", "MultiSyncCollector")
+"""The collector classes an on-policy PPO trial's stored config may name (the adapter's local, synchronous ones)."""
+
+ACTIVATIONS = {"tanh": "Tanh", "relu": "ReLU"}
+
+
+def make_env(env_id: str, kwargs: Mapping[str, Any], num_envs: int) -> Any:
+    """``num_envs`` gymnasium envs stepped serially, with episode return and length counters (module-level: a
+    collector worker started with spawn unpickles it)."""
+    import torch
+    from torchrl.envs import Compose, RewardSum, SerialEnv, StepCounter, TransformedEnv
+
+    torch.set_num_threads(1)
+    base = SerialEnv(num_envs, functools.partial(_gym_env, env_id, dict(kwargs)), serial_for_single=True)
+    return TransformedEnv(base, Compose(RewardSum(), StepCounter()))
+
+
+def _gym_env(env_id: str, kwargs: dict[str, Any]) -> Any:
+    from torchrl.envs import GymEnv, set_gym_backend
+
+    with set_gym_backend("gymnasium"):
+        return GymEnv(env_id, categorical_action_encoding=True, **kwargs)
+
+
+def _stored(stored: Mapping[str, Any], *keys: str) -> Any:
+    value: Any = stored
+    for key in keys:
+        if not isinstance(value, Mapping) or key not in value:
+            raise ValueError(f"torchrl-native: the stored native config has no {'.'.join(keys)}")
+        value = value[key]
+    return value
+
+
+def _refuse(trial: Trial) -> None:
+    env = trial.env
+    if (
+        trial.algorithm != "ppo"
+        or env.multi_agent
+        or trial.model.conv
+        or env.resolved_preprocessing != "none"
+        or env.resolved_reward_clip
+        or env.step_latency_ms > 0
+    ):
+        raise ValueError(
+            f"torchrl-native runs ppo on single-agent gymnasium envs with discrete actions, vector observations and "
+            f"an MLP (no preprocessing, reward clip or step latency), not {trial.algorithm} on {env.id}"
+        )
+
+
+class TorchrlNativeLoop:
+    """TorchRL's PPO reference loop on the stored config's settings."""
+
+    engine: ClassVar[str] = "torchrl-native"
+    algorithms: ClassVar[dict[str, str]] = {
+        "ppo": "TorchRL's PPO reference loop (sota-implementations/ppo): collector, GAE, ReplayBuffer of "
+        "minibatches, ClipPPOLoss, Adam, clip_grad_norm_; settings from the stored native config",
+    }
+
+    def run(self, trial: Trial, sink: MetricSink) -> None:
+        _refuse(trial)
+        stored = stored_config(trial.seed)
+        if sink.resumed() is not None:
+            raise ValueError("torchrl-native: a native loop starts from scratch; it does not resume from a checkpoint")
+
+        import torch
+        import torchrl
+        from tensordict.nn import TensorDictModule
+        from torchrl.collectors import Collector, MultiSyncCollector
+        from torchrl.data import Categorical as CategoricalSpec
+        from torchrl.data import LazyTensorStorage, ReplayBuffer
+        from torchrl.data.replay_buffers import SamplerWithoutReplacement
+        from torchrl.envs import ExplorationType
+        from torchrl.modules import MLP, ProbabilisticActor, ValueOperator
+        from torchrl.objectives import ClipPPOLoss
+        from torchrl.objectives.value import GAE
+
+        where = str(Path(os.environ.get(CONFIGS_ENV, ".")) / f"{trial.seed}.json")
+        collector_cls = _stored(stored, "collector", "class")
+        if collector_cls not in COLLECTORS:
+            raise ValueError(
+                f"torchrl-native: the stored collector {collector_cls!r} ({where}) is not one of {COLLECTORS}"
+            )
+        collector_kwargs = dict(_stored(stored, "collector", "kwargs"))
+        workers = int(collector_kwargs.pop("num_workers", 1))
+        fpb = int(collector_kwargs["frames_per_batch"])
+        if workers != trial.workers:
+            raise ValueError(f"torchrl-native: {where} is for {workers} worker(s), the trial has {trial.workers}")
+        for part, cls_name in (("loss", "ClipPPOLoss"), ("value_estimator", "GAE")):
+            if _stored(stored, part, "class") != cls_name:
+                raise ValueError(f"torchrl-native: the stored {part} is not {cls_name} ({where})")
+        loss_kwargs = dict(_stored(stored, "loss", "kwargs"))
+        gae_kwargs = dict(_stored(stored, "value_estimator", "kwargs"))
+        lr, eps = float(_stored(stored, "optimizer", "lr")), float(_stored(stored, "optimizer", "eps"))
+        max_grad_norm = float(_stored(stored, "grad_clip_norm"))
+        epochs, minibatch = int(trial.hyperparams["epochs"]), int(trial.hyperparams["minibatch"])
+
+        torch.set_num_threads(1)
+        torch.manual_seed(trial.seed)
+
+        # the proof env: dimensions and specs (as the reference scripts' proof_environment)
+        proof = _gym_env(trial.env.id, dict(trial.env.kwargs))
+        try:
+            action_spec = proof.action_spec_unbatched
+            obs_spec = proof.observation_spec.get("observation", None)
+            if not isinstance(action_spec, CategoricalSpec) or obs_spec is None or len(obs_spec.shape) != 1:
+                raise ValueError(
+                    f"torchrl-native runs discrete-action envs with vector observations; {trial.env.id} has the action "
+                    f"spec {type(action_spec).__name__} and observations {None if obs_spec is None else obs_spec.shape}"
+                )
+            n_obs, n_actions = int(obs_spec.shape[-1]), int(action_spec.space.n)
+            action_spec = proof.full_action_spec_unbatched.clone()
+        finally:
+            proof.close()
+
+        activation = getattr(torch.nn, ACTIVATIONS[trial.model.activation])
+        hidden = list(trial.model.hidden)
+        policy_net = MLP(in_features=n_obs, out_features=n_actions, num_cells=hidden, activation_class=activation)
+        value_net = MLP(in_features=n_obs, out_features=1, num_cells=hidden, activation_class=activation)
+        actor = ProbabilisticActor(
+            TensorDictModule(policy_net, in_keys=["observation"], out_keys=["logits"]),
+            in_keys=["logits"],
+            spec=action_spec,
+            distribution_class=torch.distributions.Categorical,
+            return_log_prob=True,
+            default_interaction_type=ExplorationType.RANDOM,
+        )
+        critic = ValueOperator(value_net, in_keys=["observation"])
+
+        adv_module = GAE(value_network=critic, **gae_kwargs)
+        loss_module = ClipPPOLoss(actor, critic, **loss_kwargs)
+        optim = torch.optim.Adam(loss_module.parameters(), lr=lr, eps=eps)
+        buffer = ReplayBuffer(storage=LazyTensorStorage(fpb), sampler=SamplerWithoutReplacement(), batch_size=minibatch)
+        nan = torch.tensor(float("nan"))
+        coeff = loss_kwargs.get("critic_coeff")
+        critic_coeff = 1.0 if coeff is None else float(coeff)  # ClipPPOLoss's default weight is 1
+
+        env_fn = functools.partial(make_env, trial.env.id, dict(trial.env.kwargs), trial.envs_per_worker)
+        if collector_cls == "Collector":
+            collector: Any = Collector(env_fn(), actor, **collector_kwargs)
+        else:
+            collector = MultiSyncCollector([env_fn] * workers, actor, **collector_kwargs)
+        try:
+            collector.set_seed(trial.seed)
+            sink.tags(engine_version=torchrl.__version__, collector=collector_cls,
+                      native_loop="torchrl: the PPO reference loop (sota-implementations/ppo)")  # fmt: skip
+            sink.native_config(
+                {
+                    "engine": "torchrl-native",
+                    "torchrl_version": torchrl.__version__,
+                    "stored_config": where,
+                    "collector": {"class": collector_cls, "kwargs": collector_kwargs, "num_workers": workers},
+                    "env": f"TransformedEnv(SerialEnv({trial.envs_per_worker} x GymEnv({trial.env.id!r}, "
+                    f"categorical_action_encoding=True, **{dict(trial.env.kwargs)})), Compose(RewardSum(), "
+                    "StepCounter()))",
+                    "actor": f"ProbabilisticActor(MLP(logits), Categorical): {policy_net!r}",
+                    "critic": f"ValueOperator(MLP): {value_net!r}",
+                    "init": "TorchRL's MLP default (PyTorch's nn.Linear init)",
+                    "value_estimator": {"class": "GAE", "kwargs": gae_kwargs, "computed": "every epoch, whole batch"},
+                    "loss": {"class": "ClipPPOLoss", "kwargs": loss_kwargs},
+                    "optimizer": {"class": "torch.optim.Adam", "lr": lr, "eps": eps},
+                    "grad_clip_norm": max_grad_norm,
+                    "replay_buffer": {"class": "ReplayBuffer", "storage": f"LazyTensorStorage({fpb})",
+                                      "sampler": "SamplerWithoutReplacement", "batch_size": minibatch},
+                    "epochs": epochs,
+                    "seed": trial.seed,
+                    "torch_num_threads": torch.get_num_threads(),
+                }
+            )  # fmt: skip
+            sink.start_clock()
+            sampled = 0
+            t0 = time.perf_counter()
+            for data in collector:
+                t1 = time.perf_counter()
+                sampled += data.numel()
+                done = data["next", "done"]
+                returns = [float(r) for r in data["next", "episode_reward"][done]]
+                lengths = [int(n) for n in data["next", "step_count"][done]]
+
+                stats: list[Any] = []
+                for _ in range(epochs):
+                    with torch.no_grad():
+                        data = adv_module(data)
+                    buffer.extend(data.reshape(-1))
+                    for batch in buffer:
+                        loss = loss_module(batch)
+                        total = loss["loss_objective"] + loss["loss_critic"]
+                        if "loss_entropy" in loss.keys():  # noqa: SIM118 - TensorDict refuses `key in td`
+                            total = total + loss["loss_entropy"]
+                        optim.zero_grad(set_to_none=True)
+                        total.backward()
+                        grad_norm = torch.nn.utils.clip_grad_norm_(loss_module.parameters(), max_grad_norm)
+                        optim.step()
+                        parts = (
+                            loss["loss_objective"],
+                            loss["loss_critic"],
+                            loss.get("entropy", nan).mean(),
+                            grad_norm,
+                        )
+                        stats.append(torch.stack(parts).detach())  # averaged once per batch, as the reference does
+                t2 = time.perf_counter()
+                collector.update_policy_weights_()
+                t3 = time.perf_counter()
+                policy_loss, critic_loss, entropy, norm = (float(x) for x in torch.stack(stats).mean(0))
+                values = {M.POLICY_LOSS: policy_loss, M.ENTROPY: entropy, M.DIAG_GRAD_NORM: norm}
+                if critic_coeff > 0:  # the squared error, as the adapter reports it
+                    values[M.VALUE_LOSS] = critic_loss / critic_coeff
+                sink.point(
+                    env_steps_sampled=sampled,
+                    episode_returns=returns,
+                    episode_lengths=lengths,
+                    values={
+                        **values,
+                        M.TIME_SAMPLE_S: t1 - t0,
+                        M.TIME_LEARN_S: t2 - t1,
+                        M.TIME_SYNC_WEIGHTS_S: t3 - t2,
+                    },
+                )
+                if sink.exhausted:
+                    break
+                t0 = time.perf_counter()
+        finally:
+            collector.shutdown()
