@@ -1146,6 +1146,30 @@ def bench_sampling_cmd(
         ),
     ] = "auto",
     transports: Transports = "stream",
+    sweep: Annotated[
+        bool,
+        typer.Option(
+            "--sweep",
+            help="per engine, a grid over its own execution layouts (env runners, vectorisation, collectors, batched "
+            "envs, fragment) for the same envs: each engine's best beside the fixed layout; JSON and PNG of the grid",
+        ),
+    ] = False,
+    points: Annotated[
+        int | None,
+        typer.Option(
+            "--points",
+            min=1,
+            help="--sweep: at most this many layouts of RLlib and TorchRL each, fixed first (crossrl: its fixed one)",
+        ),
+    ] = None,
+    stop_below: Annotated[
+        float,
+        typer.Option(
+            "--stop-below",
+            min=0.0,
+            help="--sweep: after a round, stop layouts below this x their engine's best so far (0: never)",
+        ),  # fmt: skip
+    ] = 0.5,
     json_out: JsonOut = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
@@ -1155,6 +1179,8 @@ def bench_sampling_cmd(
 
     The network: the scenario's model with --scenario; else the suite's conv model for a pixel env (MinAtar's one
     conv, Atari's Nature CNN), a 64x64 tanh MLP otherwise. Peak RSS per env-stepping process is reported.
+    With --sweep: crossrl, RLlib and TorchRL only, each over its layouts at one worker count (the largest of
+    --workers); the figures go to --json (default: RESULTS_DIR/bench/sampling-sweep-ENV-TIME.json) and a PNG beside it.
     """
     from crossrl.adapters.bench.commands import bench_sampling
     from crossrl.adapters.bench.results import print_speed_table
@@ -1164,6 +1190,38 @@ def bench_sampling_cmd(
     if scenario is not None:
         loaded, _ = _load(scenario)
         spec_kw = {"env_spec": loaded.env, "model": loaded.algorithm.model}
+    engine_names = tuple(e.strip() for e in engines_.split(",") if e.strip())
+    if sweep:
+        import time
+
+        from crossrl.adapters.bench.commands import bench_sampling_sweep
+        from crossrl.adapters.bench.layouts import SWEEP_ENGINES
+        from crossrl.adapters.bench.results import layout_sweep_figure, print_layout_sweep
+
+        counts = _csv_ints(workers, "--workers") or [2]
+        swept = tuple(e for e in engine_names if e in SWEEP_ENGINES)
+        left = [e for e in engine_names if e not in SWEEP_ENGINES]
+        if left:
+            console.print(f"--sweep: {', '.join(left)} not swept (layouts exist for {', '.join(SWEEP_ENGINES)})")
+        if len(counts) > 1:
+            console.print(f"--sweep: one grid per run, at {max(counts)} workers (the largest of --workers)")
+        if not swept:
+            _fail([f"--sweep: --engines {engines_!r} names none of {', '.join(SWEEP_ENGINES)}"])
+        try:
+            result = bench_sampling_sweep(
+                env_id=env, **spec_kw, workers=max(counts), envs_per_worker=envs_per_worker, repeat=repeat,
+                seconds=seconds, engines=swept, points=points, stop_below=stop_below, progress=console.print,
+                fragment=None if fragment == "auto" else _positive_int(fragment, "--fragment"),
+            )  # fmt: skip
+        except ValueError as e:
+            _fail([str(e)])
+        stem = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in result.env_id)
+        out = json_out or results_dir / "bench" / f"sampling-sweep-{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+        result.figure = str(layout_sweep_figure(result, Path(out).with_suffix(".png")))
+        _emit_bench("sampling-sweep", result, print_layout_sweep, json_out=Path(out), tracking_uri=tracking_uri,
+                    results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
+        console.print(f"grid: {out}")
+        return
     table = bench_sampling(
         env_id=env,
         **spec_kw,
@@ -1171,7 +1229,7 @@ def bench_sampling_cmd(
         envs_per_worker=envs_per_worker,
         repeat=repeat,
         seconds=seconds,
-        engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
+        engines=engine_names,
         fragment=None if fragment == "auto" else _positive_int(fragment, "--fragment"),
         progress=console.print,
         transports=_transports(transports),

@@ -1,4 +1,5 @@
-"""The ``crossrl bench`` commands as library functions: sampling, scaling, e2e, overhead, sweep.
+"""The ``crossrl bench`` commands as library functions: sampling (and its layout sweep), scaling, e2e, overhead,
+sweep.
 
 Each returns plain data (:mod:`crossrl.adapters.bench.results`), which has ``to_json(path)``, and has a
 printer there. Throughput is measured interleaved (A B C D A B C D ...), each measurement in a fresh
@@ -20,6 +21,7 @@ from typing import Any
 from crossrl.adapters.bench.results import (
     E2ERow,
     E2ETable,
+    LayoutSweep,
     Overhead,
     SpeedTable,
     SweepRow,
@@ -153,6 +155,53 @@ def bench_sampling(
     if env_spec.multi_agent:
         cond["env"] = env_spec.model_dump(mode="json", exclude_defaults=True)
     return SpeedTable(kind="sampling", env_id=env_spec.id, rows=speed_rows(results), conditions=cond)
+
+
+def bench_sampling_sweep(
+    *,
+    env_id: str = "CartPole-v1",
+    env_spec: EnvSpec | None = None,
+    workers: int = 2,
+    envs_per_worker: int = 8,
+    repeat: int = 3,
+    seconds: float = 3.0,
+    engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
+    warmup_s: float = 1.0,
+    fragment: int | None = None,
+    model: ModelSpec | None = None,
+    points: int | None = None,
+    stop_below: float = 0.5,
+    progress: Progress | None = None,
+) -> LayoutSweep:
+    """``bench sampling --sweep``: per engine, its execution layouts (:func:`.layouts.grid`: RLlib's env runners,
+    envs per runner, vectorisation and fragment; TorchRL's collector, batched env and frames per batch; crossrl's
+    fixed layout and one more) for the same ``workers x envs_per_worker`` envs and ``fragment x`` that many env
+    steps per iteration (None: :func:`auto_fragment`), within ``2 x cores`` sampling processes; each timed as
+    :func:`bench_sampling` times a contestant, interleaved over ``repeat`` rounds (:func:`.layouts.sweep`: points
+    below ``stop_below`` x their engine's best so far stop after a round). ``points``: at most that many layouts
+    of RLlib and TorchRL each, the fixed one first (crossrl then times its fixed layout alone). Single-agent envs
+    only. Returns each engine's best layout beside its fixed
+    one and the whole grid (:class:`~.results.LayoutSweep`)."""
+    from crossrl.adapters.bench.layouts import SWEEP_ENGINES, sweep
+
+    unknown = [e for e in engines if e not in SWEEP_ENGINES]
+    if unknown or not engines:
+        raise ValueError(f"bench sampling --sweep: engine(s) {unknown or 'none'}; layouts exist for "
+                         f"{', '.join(SWEEP_ENGINES)}")  # fmt: skip
+    if workers < 1 or envs_per_worker < 1:
+        raise ValueError(f"bench sampling --sweep: workers={workers}, envs_per_worker={envs_per_worker} must be >= 1")
+    env_spec = env_spec or EnvSpec(id=env_id)
+    if env_spec.multi_agent:
+        raise ValueError(f"bench sampling --sweep: {env_spec.id} is a multi-agent env; the sweep's layouts are for "
+                         "single-agent envs")  # fmt: skip
+    model = model or default_model(env_spec)
+    result = sweep(
+        env_spec, workers=workers, envs_per_worker=envs_per_worker, engines=engines, repeat=repeat, seconds=seconds,
+        warmup_s=warmup_s, fragment=fragment or auto_fragment(workers, envs_per_worker), model=model, points=points,
+        stop_below=stop_below, progress=progress,
+    )  # fmt: skip
+    result.conditions["network"] = network_line(model)
+    return result
 
 
 def network_line(model: ModelSpec) -> str:

@@ -422,6 +422,10 @@ def set_up(request: dict[str, Any]) -> Contestant:
         kwargs["transport"] = request.get("transport") or DEFAULT_TRANSPORT
     if engine == "learner":
         kwargs["hyperparams"] = request.get("hyperparams") or {}
+    if request.get("layout") is not None:
+        if engine not in ("rllib", "torchrl"):
+            raise ValueError(f"{engine}: no execution layouts (rllib and torchrl have them)")
+        kwargs["layout"] = dict(request["layout"])
     return setups[engine](**kwargs)
 
 
@@ -476,7 +480,12 @@ class CpuMeter:
         import psutil
 
         self._procs = []
-        for pid in worker_pids:
+        # A contestant whose envs are stepped in this process (TorchRL's Collector, RLlib's local env runner) names
+        # it among its env-stepping processes: its CPU counts as the workers' and as the driver's, but once in all.
+        self._driver_steps = os.getpid() in worker_pids
+        for pid in dict.fromkeys(worker_pids):
+            if pid == os.getpid():
+                continue
             try:
                 self._procs.append(psutil.Process(pid))
             except psutil.Error:
@@ -513,8 +522,10 @@ class CpuMeter:
         procs1 = self._proc_cpu()
         deltas = [b - a for a, b in zip(procs0, procs1, strict=True)]
         out = {"machine_busy_cpus": (self._busy() - busy0) / dt, "driver_cpus": deltas[-1] / dt}
-        if len(deltas) > 1:  # contestants that name their env-stepping processes
-            out["workers_cpus"] = sum(d for d in deltas[:-1] if d == d) / dt
+        if len(deltas) > 1 or self._driver_steps:  # contestants that name their env-stepping processes
+            workers = sum(d for d in deltas[:-1] if d == d) / dt
+            out["workers_cpus"] = workers + (out["driver_cpus"] if self._driver_steps else 0.0)
+            out["sampling_cpus"] = workers + out["driver_cpus"]  # every process once: the driver and the workers
         return out
 
 

@@ -134,7 +134,8 @@ def _cpu_per_step(r: SamplerResult) -> dict[str, float]:
     if "workers_cpus" not in cpu or not r.steps_per_s:
         return {}
     steps_per_s = statistics.fmean(r.steps_per_s)
-    used = cpu["workers_cpus"] + cpu.get("driver_cpus", 0.0)
+    # sampling_cpus: every process once (a driver that steps the envs itself is also among the workers)
+    used = cpu.get("sampling_cpus", cpu["workers_cpus"] + cpu.get("driver_cpus", 0.0))
     return {"cpu_us_per_step": 1e6 * used / steps_per_s} if steps_per_s > 0 else {}
 
 
@@ -553,3 +554,280 @@ def print_sweep_table(table: SweepTable, *, console: Any = None) -> None:
     speedup = table.speedup()
     if speedup is not None:
         (console or Console()).print(f"speedup (one at a time / fanned out, wall seconds): {speedup:.2f}x")
+
+
+def cpu_figures(r: SamplerResult) -> dict[str, float]:
+    """One measurement's CPU figures: the CPUs in use while timed (CpuMeter) and CPU microseconds per env step."""
+    return {**(r.cpu or {}), **_cpu_per_step(r)}
+
+
+@dataclass
+class SweepPoint:
+    """One layout of one engine in ``bench sampling --sweep`` (:mod:`.layouts`), with its measurements so far."""
+
+    engine: str
+    layout: dict[str, Any]
+    label: str
+    processes: int  # sampling processes (layouts.processes)
+    fixed: bool = False  # the layout ``bench sampling`` times this engine in
+    index: int = 0  # position in its engine's grid (the fixed one is 0)
+    samples: list[float] = field(default_factory=list)  # env steps/s, one per measurement
+    cpu_samples: dict[str, list[float]] = field(default_factory=dict)  # per figure, one per measurement
+    info: dict[str, Any] = field(default_factory=dict)  # the last measurement's (how the engine was built)
+    peak_rss_mb: list[float] | None = None  # per env-stepping process, the highest over the measurements
+    stopped_after: int | None = None  # the round (0-based) after which it was no longer measured
+    stopped_early: bool = False  # stopped for being far below its engine's best so far
+    error: str | None = None  # the end of a failed measurement's log (the point is then left out)
+
+    def add(self, r: SamplerResult) -> None:
+        self.samples.extend(r.steps_per_s)
+        for name, value in cpu_figures(r).items():
+            self.cpu_samples.setdefault(name, []).append(value)
+        self.info = dict(r.info)
+        if r.peak_rss_mb:
+            old = self.peak_rss_mb or []
+            n = max(len(old), len(r.peak_rss_mb))
+            a, b = old + [0.0] * (n - len(old)), list(r.peak_rss_mb) + [0.0] * (n - len(r.peak_rss_mb))
+            self.peak_rss_mb = [max(x, y) for x, y in zip(a, b, strict=True)]
+
+    @property
+    def median(self) -> float:
+        return float(statistics.median(self.samples)) if self.samples else 0.0
+
+    @property
+    def cpus(self) -> dict[str, float]:
+        return {k: float(statistics.median(v)) for k, v in self.cpu_samples.items() if v}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "engine": self.engine,
+            "label": self.label,
+            "layout": self.layout,
+            "processes": self.processes,
+            "fixed": self.fixed,
+            "steps_per_s": {
+                "median": self.median if self.samples else None,
+                "min": min(self.samples, default=None),
+                "max": max(self.samples, default=None),
+                "samples": self.samples,
+            },
+            "cpus": self.cpus,
+            "stopped_early": self.stopped_early,
+            "measured_rounds": len(self.samples),
+            "info": self.info,
+        }
+        if self.peak_rss_mb is not None:
+            out["peak_rss_mb"] = self.peak_rss_mb
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+@dataclass
+class LayoutSweep:
+    """``bench sampling --sweep``: every engine's layouts timed in one run; each engine's best beside its fixed."""
+
+    env_id: str
+    points: list[SweepPoint]
+    conditions: dict[str, Any] = field(default_factory=dict)
+    figure: str | None = None  # the PNG's path, once drawn
+
+    @property
+    def engines(self) -> list[str]:
+        return list(dict.fromkeys(p.engine for p in self.points))
+
+    def of(self, engine: str) -> list[SweepPoint]:
+        return [p for p in self.points if p.engine == engine]
+
+    def fixed(self, engine: str) -> SweepPoint:
+        return next(p for p in self.of(engine) if p.fixed)
+
+    def best(self, engine: str) -> SweepPoint:
+        """The engine's measured point with the highest median (the fixed one on a tie)."""
+        measured = [p for p in self.of(engine) if p.samples]
+        return max(measured, key=lambda p: (p.median, p.fixed))
+
+    def ratios(self) -> dict[str, dict[str, float | None]]:
+        """Per peer of crossrl (RLlib, TorchRL) measured: crossrl's fixed median / the peer's best (the headline),
+        crossrl's best / the peer's best, crossrl's fixed / the peer's fixed (what ``bench sampling`` quotes)."""
+        if "crossrl" not in self.engines:
+            return {}
+        c_fixed, c_best = self.fixed("crossrl").median, self.best("crossrl").median
+        out = {}
+        for peer in OTHER_ENGINES:
+            if peer in self.engines:
+                best, fixed = self.best(peer).median, self.fixed(peer).median
+                out[peer] = {
+                    "crossrl_fixed_over_best": _ratio(c_fixed, best),
+                    "crossrl_best_over_best": _ratio(c_best, best),
+                    "crossrl_fixed_over_fixed": _ratio(c_fixed, fixed),
+                }
+        return out
+
+    def summary(self) -> dict[str, dict[str, Any]]:
+        """Per engine: its fixed and best layouts, their medians and CPU per env step, best / fixed."""
+        out = {}
+        for e in self.engines:
+            f, b = self.fixed(e), self.best(e)
+            out[e] = {
+                "fixed": f.label,
+                "fixed_layout": f.layout,
+                "fixed_steps_per_s": f.median,
+                "fixed_cpu_us_per_step": f.cpus.get("cpu_us_per_step"),
+                "best": b.label,
+                "best_layout": b.layout,
+                "best_steps_per_s": b.median,
+                "best_cpu_us_per_step": b.cpus.get("cpu_us_per_step"),
+                "best_over_fixed": _ratio(b.median, f.median),
+                "points": len(self.of(e)),
+                "stopped_early": [p.label for p in self.of(e) if p.stopped_early],
+                "failed": [p.label for p in self.of(e) if p.error],
+            }
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env_id": self.env_id,
+            "conditions": self.conditions,
+            "figure": self.figure,
+            "engines": self.summary(),
+            "ratios": self.ratios(),
+            "points": [p.to_dict() for p in self.points],
+        }
+
+    def to_json(self, path: Path) -> Path:
+        return write_result(path, "sampling-sweep", self.to_dict())
+
+    def metrics(self) -> dict[str, float]:
+        """``rllib.fixed.steps_per_s``, ``rllib.best.steps_per_s``, ``rllib.best_over_fixed``, ``...cpu_us_per_step``,
+        every point's ``rllib.p3.steps_per_s`` (its index in the grid; labels in bench.json), and
+        ``crossrl.fixed_over_rllib_best`` and the like."""
+        out: dict[str, float | None] = {}
+        for e, s in self.summary().items():
+            for which in ("fixed", "best"):
+                out[f"{e}.{which}.steps_per_s"] = s[f"{which}_steps_per_s"]
+                out[f"{e}.{which}.cpu_us_per_step"] = s[f"{which}_cpu_us_per_step"]
+            out[f"{e}.best_over_fixed"] = s["best_over_fixed"]
+        for p in self.points:
+            if p.samples:
+                out[f"{p.engine}.p{p.index}.steps_per_s"] = p.median
+        for peer, r in self.ratios().items():
+            out[f"crossrl.fixed_over_{peer}_best"] = r["crossrl_fixed_over_best"]
+            out[f"crossrl.best_over_{peer}_best"] = r["crossrl_best_over_best"]
+            out[f"crossrl.fixed_over_{peer}_fixed"] = r["crossrl_fixed_over_fixed"]
+        return {k: float(v) for k, v in out.items() if v is not None}
+
+
+def print_layout_sweep(sweep: LayoutSweep, *, console: Any = None) -> None:
+    """Per engine its fixed and best layouts (env steps/s medians, CPU per env step, best / fixed), crossrl's ratio
+    to each peer's best, then the whole grid and what stopped early, failed or was left out for the process cap."""
+    from rich.console import Console
+    from rich.table import Table
+
+    c = sweep.conditions
+    out = console or Console()
+    title = (f"bench sampling --sweep: {sweep.env_id}, {c.get('workers')} x {c.get('envs_per_worker')} envs "
+             f"({c.get('total_envs')} in all), {c.get('batch_env_steps')} env steps per iteration, "
+             f"<= {c.get('max_processes')} sampling processes on {c.get('machine_cores')} cores")  # fmt: skip
+    t = Table(title=title)
+    for col in ("engine", "fixed layout", "steps/s", "CPU us/step", "best layout", "steps/s ", "CPU us/step ",
+                "best / fixed"):  # fmt: skip
+        t.add_column(col, justify="left" if "layout" in col or col == "engine" else "right")
+    for e, s in sweep.summary().items():
+        t.add_row(e, s["fixed"], f"{s['fixed_steps_per_s']:,.0f}", _fmt(s["fixed_cpu_us_per_step"], ",.0f"),
+                  s["best"], f"{s['best_steps_per_s']:,.0f}", _fmt(s["best_cpu_us_per_step"], ",.0f"),
+                  _fmt(s["best_over_fixed"], ".2f"))  # fmt: skip
+    out.print(t)
+    for peer, r in sweep.ratios().items():
+        out.print(f"crossrl (fixed) / {peer}'s best: {_fmt(r['crossrl_fixed_over_best'], '.2f')}; crossrl's best / "
+                  f"{peer}'s best: {_fmt(r['crossrl_best_over_best'], '.2f')}; crossrl / {peer}, both fixed: "
+                  f"{_fmt(r['crossrl_fixed_over_fixed'], '.2f')}")  # fmt: skip
+    g = Table(title="every layout (median over rounds; * fixed, ^ best)")
+    for col in ("engine", "layout", "processes", "steps/s median", "min-max", "CPU us/step", "CPUs busy: machine"):
+        g.add_column(col, justify="left" if col in ("engine", "layout") else "right", no_wrap=col == "min-max")
+    for e in sweep.engines:
+        best = sweep.best(e)
+        for p in sweep.of(e):
+            mark = ("*" if p.fixed else "") + ("^" if p is best else "")
+            note = " (stopped early)" if p.stopped_early else " (failed)" if p.error else ""
+            spread = f"{min(p.samples):,.0f}-{max(p.samples):,.0f} (n={len(p.samples)})" if p.samples else "-"
+            g.add_row(e, f"{p.label}{note} {mark}".rstrip(), str(p.processes),
+                      f"{p.median:,.0f}" if p.samples else "-", spread, _fmt(p.cpus.get("cpu_us_per_step"), ",.0f"),
+                      _fmt(p.cpus.get("machine_busy_cpus"), ".2f"))  # fmt: skip
+    out.print(g)
+    stopped = [f"{p.engine} ({p.label})" for p in sweep.points if p.stopped_early]
+    if stopped:
+        out.print(
+            f"stopped early (below {c.get('stop_below')} x their engine's best after a round): {'; '.join(stopped)}"
+        )
+    failed = [f"{p.engine} ({p.label}): {_last_line(p.error)}" for p in sweep.points if p.error]
+    if failed:
+        out.print(f"failed, left out: {'; '.join(failed)}", markup=False)
+    for e, labels in (c.get("over_cap") or {}).items():
+        if labels:
+            out.print(f"{e}: left out for more than {c.get('max_processes')} sampling processes: {'; '.join(labels)}")
+    if sweep.figure:
+        out.print(f"figure: {sweep.figure}")
+
+
+def _last_line(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "-"
+
+
+def layout_sweep_figure(sweep: LayoutSweep, path: Path) -> Path:
+    """A PNG with one horizontal bar per layout (env steps/s median, min-max whiskers), grouped by engine in the
+    report's engine colours; the fixed layout hatched, the best one outlined, stopped or failed ones faded."""
+    import matplotlib
+    from matplotlib.figure import Figure as MplFigure
+    from matplotlib.ticker import EngFormatter
+
+    from crossrl.reports.figures import _RC, engine_colours
+
+    rows: list[SweepPoint | str] = []  # a str: the engine's heading
+    for e in sweep.engines:
+        rows += [e, *sweep.of(e)]
+    colours = engine_colours(sweep.engines)
+    labels: list[str] = []
+    for row in rows:
+        if isinstance(row, str):
+            labels.append(row)
+            continue
+        tags = [t for t, on in (("fixed", row.fixed), ("best", sweep.best(row.engine) is row),
+                                ("stopped early", row.stopped_early), ("failed", row.error is not None)) if on]  # fmt: skip
+        labels.append(row.label + (f"  [{', '.join(tags)}]" if tags else ""))
+    left = 0.3 + 0.058 * max(len(x) for x in labels)  # inches for the labels at font size 9
+    width, height = left + 5.5, 1.3 + 0.27 * len(rows)
+    with matplotlib.rc_context(_RC):
+        fig = MplFigure(figsize=(width, height))
+        fig.subplots_adjust(left=left / width, right=1 - 0.25 / width, top=1 - 0.7 / height, bottom=0.6 / height)
+        ax = fig.add_subplot()
+        for y, row in enumerate(rows):
+            if isinstance(row, str):
+                continue
+            best = sweep.best(row.engine) is row
+            med = row.median
+            faded = row.stopped_early or row.error is not None
+            ax.barh(y, med, color=colours[row.engine], alpha=0.35 if faded else 0.9, hatch="//" if row.fixed else None,
+                    edgecolor="black" if best else colours[row.engine], linewidth=1.6 if best else 0.5)  # fmt: skip
+            if row.samples:
+                lo, hi = min(row.samples), max(row.samples)
+                ax.errorbar(med, y, xerr=[[med - lo], [hi - med]], color="#333333", lw=0.8, capsize=2)
+        ax.set_yticks(range(len(rows)), labels)
+        for tick, row in zip(ax.get_yticklabels(), rows, strict=True):
+            if isinstance(row, str):
+                tick.set_fontweight("bold")
+                tick.set_color(colours[row])
+        ax.invert_yaxis()
+        ax.xaxis.set_major_formatter(EngFormatter())
+        ax.set_xlabel("env steps/s (median over rounds; whiskers: min-max)")
+        c = sweep.conditions
+        ax.set_title(f"{sweep.env_id}: each engine's sampling layouts\n{c.get('total_envs')} envs, "
+                     f"{c.get('batch_env_steps')} env steps per iteration, <= {c.get('max_processes')} sampling "
+                     f"processes on {c.get('machine_cores')} cores", fontsize=9)  # fmt: skip
+        ax.grid(axis="x", color="#dddddd", lw=0.6)
+        ax.set_axisbelow(True)
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", dpi=120)
+    return path

@@ -56,6 +56,7 @@ class SamplerResult:
     cpu: dict[str, float] | None = None  # CPUs in use while timed: machine_busy_cpus, workers_cpus, driver_cpus
     fragment: int | None = None  # env steps per env per iteration it was timed with
     transport: str | None = None  # crossrl only: how its fragments travelled (crossrl.core.transport)
+    layout: dict[str, Any] | None = None  # rllib / torchrl: the execution layout timed (None: the bench's fixed one)
 
     @property
     def label(self) -> str:
@@ -84,6 +85,7 @@ def measure(
     rss: bool = False,
     transport: str | None = None,
     hyperparams: dict[str, Any] | None = None,
+    layout: dict[str, Any] | None = None,
 ) -> SamplerResult:
     """Time ``engine`` ("raw", "limit", "crossrl", "rllib", "torchrl", or "learner": PPO's learning step alone on a
     stored batch, with ``hyperparams``) in a fresh process.
@@ -92,6 +94,9 @@ def measure(
     timed (each ends on an iteration boundary). ``profile_path``: also write a cProfile dump of the
     measurement process's driver (for crossrl that is the driver, not the evaluator actors).
     ``rss``: also read each env-stepping process's peak RSS (Linux VmHWM) after the timed part.
+    ``layout``: rllib and torchrl only, the engine's execution layout (:mod:`.layouts`: env runners and their
+    vectorisation, collector and batched env...) for the same ``workers x envs_per_worker`` envs; None: the
+    bench's fixed layout (:func:`.layouts.fixed_layout`).
     """
     if workers < 1 or envs_per_worker < 1 or fragment < 1 or windows < 1 or seconds <= 0:
         raise ValueError(
@@ -113,6 +118,7 @@ def measure(
         "hyperparams": hyperparams,
         "profile": str(profile_path) if profile_path else None,
         "rss": rss,
+        "layout": layout,
     }
     timeout = SETUP_TIMEOUT_S + warmup_s + windows * seconds * 3
     result = run_child(request, timeout_s=timeout)
@@ -127,6 +133,7 @@ def measure(
         cpu=result.get("cpu"),
         fragment=fragment,
         transport=(transport or DEFAULT_TRANSPORT) if engine == "crossrl" else None,
+        layout=layout,
     )
 
 
