@@ -43,11 +43,12 @@ lint: install
 test: install chromium lint
 	rm -f crossrl-results/ci/regress.md
 	$(BIN)/pytest -m "alone" --timeout 900 --durations=3 $(PYTEST_FLAGS)
-	$(BIN)/pytest -m "not learning and not cluster and not alone and not system" -n 2 --dist worksteal --timeout 900 --durations=15 $(PYTEST_FLAGS)
+	$(BIN)/pytest -m "not learning and not cluster and not alone and not system" -n 2 --dist worksteal --timeout 900 --durations=25 $(PYTEST_FLAGS)
 	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
 
 # Whole built-in scenarios on every engine, a few minutes each (pixels, many agents, the table, a broken
-# env on every engine, a PBT search on every engine): run by CI after `make test`, two at a time.
+# env on every engine, searches end to end) and the long fault checks (kill and resume on every engine,
+# tracking-server outages, time budgets): run by CI after `make test`, two at a time.
 test-system: install
 	$(BIN)/pytest -m "system and not cluster" -n 2 --dist worksteal --timeout 900 --durations=10 $(PYTEST_FLAGS)
 

@@ -25,8 +25,8 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 CASES = {  # algorithm, optimizer, env steps, checkpoint interval, hyperparameters
     "ppo": ("ppo", None, 3000, 1000, {"train_batch": 1000, "minibatch": 250, "epochs": 2}),
     "impala": ("impala", None, 4000, 1500, {"train_batch": 500}),
-    "dqn": ("dqn", None, 3000, 1000, {"learning_starts": 500, "buffer_size": 5000}),
-    "apex": ("apex", None, 3000, 1000, {"learning_starts": 500, "buffer_size": 5000}),
+    "dqn": ("dqn", None, 2000, 700, {"learning_starts": 300, "buffer_size": 5000}),
+    "apex": ("apex", None, 2000, 700, {"learning_starts": 300, "buffer_size": 5000}),
     "a3c": ("a3c", None, 3000, 1000, {"train_batch": 200}),
 }
 

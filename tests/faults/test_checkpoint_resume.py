@@ -46,6 +46,7 @@ def _gone(pids: list[int], within_s: float = 60) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.system  # 100-130 s per engine: `make test-system`, run by CI
 @pytest.mark.parametrize("engine", ["crossrl", "rllib", "torchrl"])
 def test_a_killed_trial_resumes_from_its_newest_good_checkpoint(engine: str, results_dir: Path, tmp_path: Path) -> None:
     spec = _spec(tmp_path, engine)

@@ -46,6 +46,10 @@ def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-
         time.sleep(0.5)
 
 
+# Two MLflow servers' lifetimes each, 100-170 s: `make test-system`, run by CI.
+pytestmark = [pytest.mark.integration, pytest.mark.system]
+
+
 def test_server_killed_and_restarted_mid_run_loses_nothing(tmp_path: Path) -> None:
     server = MlflowServer(tmp_path / "server").start()
     client = MlflowClient(server.url)

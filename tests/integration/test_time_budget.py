@@ -14,7 +14,7 @@ import yaml
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]  # three engines' trials, about 2 min: `make test-system`
 TRAIN_S = 6.0
 
 

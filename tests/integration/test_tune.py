@@ -42,6 +42,7 @@ def _runs(store: ResultsStore, scenario: str, kind: str) -> list[Any]:
 
 
 @pytest.mark.integration
+@pytest.mark.system  # Ray Tune, 3 configurations and 2 test trials: about 4 min, `make test-system`
 def test_tune_searches_then_runs_the_best_configuration_and_the_own_setting_on_the_test_seeds(
     results_dir: Path, tmp_path: Path
 ) -> None:
