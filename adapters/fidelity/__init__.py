@@ -40,3 +40,14 @@ def stored_config(seed: int) -> dict:
             "under `crossrl fidelity`, which writes the adapter's config there first"
         )
     return dict(json.loads(path.read_text()))
+
+
+def beat() -> None:
+    """Tell the trial's stall watchdog (``crossrl.adapters.watch``) that envs stepped: call it after every point.
+
+    The watchdog counts env steps by the beats crossrl's env guard writes from every env it wraps; the native loops'
+    envs are the engine's own (made from the gymnasium id), unguarded, so without this a native trial that trains
+    longer than ``budget.stall_seconds`` would be ended FAILED as stalled while it makes progress."""
+    from crossrl.core.envguard import channel
+
+    channel().beat()

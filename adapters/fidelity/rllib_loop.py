@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from crossrl.adapters.base import MetricSink
-from crossrl.adapters.fidelity import stored_config
+from crossrl.adapters.fidelity import beat, stored_config
 from crossrl.scenarios.spec import Trial
 
 RETURNS_KEY = "fidelity_episodes"
@@ -97,6 +97,7 @@ class RllibNativeLoop:
                     episode_returns=[r for r, _ in episodes],
                     episode_lengths=[n for _, n in episodes],
                 )
+                beat()
         finally:
             if algo is not None:
                 algo.stop()

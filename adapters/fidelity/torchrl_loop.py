@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from crossrl.adapters.base import MetricSink
-from crossrl.adapters.fidelity import CONFIGS_ENV, stored_config
+from crossrl.adapters.fidelity import CONFIGS_ENV, beat, stored_config
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
@@ -67,7 +67,7 @@ def _stored(stored: Mapping[str, Any], *keys: str) -> Any:
 def _refuse(trial: Trial) -> None:
     env = trial.env
     if (
-        trial.algorithm != "ppo"
+        trial.algorithm not in TorchrlNativeLoop.algorithms
         or env.multi_agent
         or trial.model.conv
         or env.resolved_preprocessing != "none"
@@ -75,18 +75,21 @@ def _refuse(trial: Trial) -> None:
         or env.step_latency_ms > 0
     ):
         raise ValueError(
-            f"torchrl-native runs ppo on single-agent gymnasium envs with discrete actions, vector observations and "
-            f"an MLP (no preprocessing, reward clip or step latency), not {trial.algorithm} on {env.id}"
+            f"torchrl-native runs {', '.join(TorchrlNativeLoop.algorithms)} on single-agent gymnasium envs with "
+            "discrete actions, vector observations and an MLP (no preprocessing, reward clip or step latency), not "
+            f"{trial.algorithm} on {env.id}"
         )
 
 
 class TorchrlNativeLoop:
-    """TorchRL's PPO reference loop on the stored config's settings."""
+    """TorchRL's PPO (and IMPALA: ``torchrl_impala``) reference loop on the stored config's settings."""
 
     engine: ClassVar[str] = "torchrl-native"
     algorithms: ClassVar[dict[str, str]] = {
         "ppo": "TorchRL's PPO reference loop (sota-implementations/ppo): collector, GAE, ReplayBuffer of "
         "minibatches, ClipPPOLoss, Adam, clip_grad_norm_; settings from the stored native config",
+        "impala": "TorchRL's IMPALA reference loop (sota-implementations/impala, single node): MultiAsyncCollector, "
+        "worker batches stacked into a learner batch, VTrace, A2CLoss, Adam, clip_grad_norm_; stored settings",
     }
 
     def run(self, trial: Trial, sink: MetricSink) -> None:
@@ -94,6 +97,11 @@ class TorchrlNativeLoop:
         stored = stored_config(trial.seed)
         if sink.resumed() is not None:
             raise ValueError("torchrl-native: a native loop starts from scratch; it does not resume from a checkpoint")
+        where = str(Path(os.environ.get(CONFIGS_ENV, ".")) / f"{trial.seed}.json")
+        if trial.algorithm == "impala":
+            from crossrl.adapters.fidelity.torchrl_impala import run_impala
+
+            return run_impala(trial, sink, stored, where)
 
         import torch
         import torchrl
@@ -107,7 +115,6 @@ class TorchrlNativeLoop:
         from torchrl.objectives import ClipPPOLoss
         from torchrl.objectives.value import GAE
 
-        where = str(Path(os.environ.get(CONFIGS_ENV, ".")) / f"{trial.seed}.json")
         collector_cls = _stored(stored, "collector", "class")
         if collector_cls not in COLLECTORS:
             raise ValueError(
@@ -248,6 +255,7 @@ class TorchrlNativeLoop:
                         M.TIME_SYNC_WEIGHTS_S: t3 - t2,
                     },
                 )
+                beat()
                 if sink.exhausted:
                     break
                 t0 = time.perf_counter()

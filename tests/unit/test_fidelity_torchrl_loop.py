@@ -14,6 +14,8 @@ from crossrl.adapters.base import ListSink
 from crossrl.adapters.fidelity import CONFIGS_ENV
 from crossrl.adapters.fidelity.torchrl_loop import TorchrlNativeLoop
 from crossrl.adapters.torchrl import TorchrlAdapter
+from crossrl.adapters.watch import TrialWatch
+from crossrl.core import envguard
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
@@ -100,3 +102,19 @@ def test_a_continuous_action_env_is_refused_in_one_line(tmp_path: Path, monkeypa
     trial = make_trial(workers=1, env_steps=BATCH, env_id="Pendulum-v1")
     with pytest.raises(ValueError, match="discrete-action envs"):
         TorchrlNativeLoop().run(trial, ListSink(trial))
+
+
+def test_each_point_tells_the_stall_watchdog_that_envs_stepped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The native loop's envs are TorchRL's own, unguarded: its points are the watchdog's only sign of progress (else a
+    trial training past budget.stall_seconds is ended FAILED as stalled)."""
+    store_adapter_config(1, tmp_path, monkeypatch)
+    watch = TrialWatch(tmp_path / "watch", stall_seconds=120)
+    for name, value in watch.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(envguard, "_channel", None)  # this process's channel, made anew with the watch folder
+    watch.arm()
+    trial = make_trial(workers=1, env_steps=2 * BATCH)
+    TorchrlNativeLoop().run(trial, ListSink(trial))
+    stepped = watch.last_step_at()
+    assert stepped is not None and stepped >= watch.armed_at - 1  # type: ignore[operator]
+    assert watch.stalled(now=stepped + 60) is None
