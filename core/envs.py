@@ -134,7 +134,7 @@ def agent_spaces(env: Any) -> dict[str, tuple[gym.Space, gym.Space]]:
     return {a: (env.observation_space(a), env.action_space(a)) for a in env.possible_agents}
 
 
-def _native_vector(spec: EnvSpec) -> bool:
+def native_vector(spec: EnvSpec) -> bool:
     """Whether crossrl steps the env's own vector class (:func:`make_vector_env`)."""
     if spec.step_latency_ms > 0 or spec.resolved_preprocessing != "none":
         return False  # ale-py's AtariVectorEnv, for one, would skip crossrl's preprocessing
@@ -193,7 +193,7 @@ def make_vector_env(spec: EnvSpec, num_envs: int) -> gym.vector.VectorEnv:
     env's own buffer, overwritten by the next step (callers copy what they keep; a deep copy per step
     cost ~9 us of CPU per step, a tenth of a latency worker's CPU per step in ``crossrl bench scaling``).
     """
-    if _native_vector(spec):
+    if native_vector(spec):
         vec = gym.make_vec(spec.id, num_envs=num_envs, vectorization_mode="vector_entry_point", **spec.kwargs)
         return VectorEnvGuard(vec, env_id=spec.id, nonfinite=spec.nonfinite)
     return SerialVectorEnv([lambda: make_env(spec) for _ in range(num_envs)])
@@ -220,7 +220,7 @@ def env_problems(spec: EnvSpec) -> list[str]:
         return _parallel_env_problems(spec)
     kwargs = ", **kwargs" if spec.kwargs else ""
     problem = _try_env(f"gymnasium.make({spec.id!r}{kwargs})", lambda: make_env(spec), step=True)
-    if problem is None and _native_vector(spec):
+    if problem is None and native_vector(spec):
         what = f"gymnasium.make_vec({spec.id!r}, num_envs=1{kwargs})"
         problem = _try_env(what, lambda: make_vector_env(spec, 1), step=False)
     return [f"env: {problem}; check env.id and env.kwargs"] if problem else []

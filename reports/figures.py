@@ -29,7 +29,7 @@ from crossrl.reports.stats import ReportStats, engine_sort_key  # noqa: E402
 ENGINE_COLOURS = {"crossrl": "#0072B2", "rllib": "#D55E00", "torchrl": "#009E73"}
 FALLBACK_COLOURS = ("#CC79A7", "#E69F00", "#56B4E9", "#8C564B", "#7F7F7F", "#000000")
 # Typed Any: matplotlib stubs want literal rc keys, a plain dict is fine at run time.
-_RC: Any = {"svg.fonttype": "none", "font.size": 9.0, "axes.spines.top": False, "axes.spines.right": False}
+RC: Any = {"svg.fonttype": "none", "font.size": 9.0, "axes.spines.top": False, "axes.spines.right": False}
 _PANEL_W, _PANEL_H = 4.2, 3.2  # inches per panel
 
 
@@ -55,7 +55,7 @@ def engine_colours(engines: Iterable[str]) -> dict[str, str]:
 def _to_svg(fig: MplFigure, key: str) -> str:
     """The figure as an ``<svg>`` element fit to inline (no XML prologue, ids unique to this figure)."""
     buf = io.StringIO()
-    with matplotlib.rc_context({**_RC, "svg.hashsalt": key}):
+    with matplotlib.rc_context({**RC, "svg.hashsalt": key}):
         fig.savefig(buf, format="svg", metadata={"Date": None})
     svg = buf.getvalue()
     svg = svg[svg.index("<svg") :]
@@ -77,7 +77,7 @@ def _new(
     cols = min(panels, max_cols)
     rows = -(-panels // cols)
     w, h = width or _PANEL_W * cols, height * rows
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         fig = MplFigure(figsize=(w, h))
         fig.subplots_adjust(
             left=left / w, right=1 - 0.15 / w, bottom=0.5 / h, top=1 - 0.3 / h, wspace=0.06, hspace=0.8 / (height - 0.8)
@@ -103,7 +103,7 @@ def _curves(stats: ReportStats, curves: pd.DataFrame, *, key: str, xlabel: str, 
     workers = sorted({int(w) for w in curves["workers"]}) if len(curves) else [0]
     colours = engine_colours(_engines(stats.final_return, curves))
     fig, axes = _new(len(workers))
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         for ax, w in zip(axes, workers, strict=True):
             sub = curves[curves["workers"] == w] if len(curves) else curves
             if sub.empty:
@@ -130,7 +130,7 @@ def _curves(stats: ReportStats, curves: pd.DataFrame, *, key: str, xlabel: str, 
 def _throughput(stats: ReportStats) -> Figure:
     thr = stats.throughput.dropna(subset=["median"])
     fig, (ax,) = _new(1, width=max(_PANEL_W, 1.6 + 1.4 * max(1, thr["workers"].nunique())))
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         if thr.empty:
             _no_data(ax, "no finished trial logged a throughput")
         else:
@@ -158,7 +158,7 @@ def _throughput(stats: ReportStats) -> Figure:
 def _scaling(stats: ReportStats) -> Figure:
     sc = stats.scaling
     fig, (ax,) = _new(1)
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         if sc.empty:
             _no_data(ax, "no finished trial logged a throughput")
         else:
@@ -200,7 +200,7 @@ def _time_to_target(stats: ReportStats) -> Figure:
         (axes[0], "median_steps", "steps_per_seed", "steps_censored_at", "env steps sampled to target"),
         (axes[1], "median_wall_s", "wall_s_per_seed", "wall_censored_at", "wall time to target (s)"),
     )
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         for ax, med_col, seeds_col, cens_col, xlabel in panels:
             longest = 0.0
             for yi, r in zip(y, rows, strict=True):

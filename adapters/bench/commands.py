@@ -29,7 +29,14 @@ from crossrl.adapters.bench.results import (
     add_scaling,
     speed_rows,
 )
-from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, default_model, measure
+from crossrl.adapters.bench.samplers import (
+    AUTO_TRAIN_BATCH,
+    DEFAULT_MODEL,
+    SamplerResult,
+    auto_fragment,
+    default_model,
+    measure,
+)
 from crossrl.scenarios import catalog
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import DEFAULT_TRANSPORT, EnvSpec, ModelSpec
@@ -86,16 +93,6 @@ def _interleaved(
                     frag = f" fragment {res.fragment}" if len(fragments) > 1 else ""
                     _say(progress, f"round {r + 1}/{repeat}: {res.label} w{w}{frag}: {res.steps_per_s[0]:,.0f} steps/s")
     return out
-
-
-AUTO_TRAIN_BATCH = 4000  # PPO's train batch in the catalog: what "auto" fragments add up to per iteration
-
-
-def auto_fragment(workers: int, envs_per_worker: int) -> int:
-    """``ceil(4000 / (workers x envs))``: the fragment PPO samples with by default on every engine (crossrl's
-    sync_samples, RLlib's ``rollout_fragment_length="auto"``, TorchRL's frames_per_batch split), so the
-    bench times the sampling that a real PPO run does: 500 env steps per env at 1 x 8, 250 at 2 x 8."""
-    return -(-AUTO_TRAIN_BATCH // (workers * envs_per_worker))
 
 
 def bench_sampling(

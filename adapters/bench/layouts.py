@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from crossrl.adapters.bench.results import LayoutSweep, SweepPoint
-from crossrl.adapters.bench.samplers import BenchError, SamplerResult, measure
+from crossrl.adapters.bench.samplers import BenchError, SamplerResult, auto_fragment, measure
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 
 SWEEP_ENGINES = ("crossrl", "rllib", "torchrl")
@@ -199,8 +199,6 @@ def grid(
     sweep's order of preference; ``points``: at most that many (the fixed one included). ``fragment``: env steps
     per env per iteration (None: ``bench sampling``'s auto fragment)."""
     if fragment is None:
-        from crossrl.adapters.bench.commands import auto_fragment
-
         fragment = auto_fragment(workers, envs_per_worker)
     cap = max_processes(cores)
     found = candidates(engine, workers=workers, envs_per_worker=envs_per_worker, fragment=fragment,
@@ -221,9 +219,9 @@ def over_cap(engine: str, *, workers: int, envs_per_worker: int, cores: int, fra
 
 def has_native_vector(env_spec: EnvSpec) -> bool:
     """Whether crossrl's core steps the env's own vector class (CartPole: yes; preprocessed pixel envs: no)."""
-    from crossrl.core.envs import _native_vector
+    from crossrl.core.envs import native_vector
 
-    return bool(_native_vector(env_spec))
+    return bool(native_vector(env_spec))
 
 
 def sweep(

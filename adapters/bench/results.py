@@ -782,7 +782,7 @@ def layout_sweep_figure(sweep: LayoutSweep, path: Path) -> Path:
     from matplotlib.figure import Figure as MplFigure
     from matplotlib.ticker import EngFormatter
 
-    from crossrl.reports.figures import _RC, engine_colours
+    from crossrl.reports.figures import RC, engine_colours
 
     rows: list[SweepPoint | str] = []  # a str: the engine's heading
     for e in sweep.engines:
@@ -798,7 +798,7 @@ def layout_sweep_figure(sweep: LayoutSweep, path: Path) -> Path:
         labels.append(row.label + (f"  [{', '.join(tags)}]" if tags else ""))
     left = 0.3 + 0.058 * max(len(x) for x in labels)  # inches for the labels at font size 9
     width, height = left + 5.5, 1.3 + 0.27 * len(rows)
-    with matplotlib.rc_context(_RC):
+    with matplotlib.rc_context(RC):
         fig = MplFigure(figsize=(width, height))
         fig.subplots_adjust(left=left / width, right=1 - 0.25 / width, top=1 - 0.7 / height, bottom=0.6 / height)
         ax = fig.add_subplot()

@@ -27,6 +27,16 @@ from typing import Any
 from crossrl.scenarios import catalog
 from crossrl.scenarios.spec import DEFAULT_TRANSPORT, EnvSpec, ModelSpec
 
+AUTO_TRAIN_BATCH = 4000  # PPO's train batch in the catalog: what "auto" fragments add up to per iteration
+
+
+def auto_fragment(workers: int, envs_per_worker: int) -> int:
+    """``ceil(4000 / (workers x envs))``: the fragment PPO samples with by default on every engine (crossrl's
+    sync_samples, RLlib's ``rollout_fragment_length="auto"``, TorchRL's frames_per_batch split), so the
+    bench times the sampling that a real PPO run does: 500 env steps per env at 1 x 8, 250 at 2 x 8."""
+    return -(-AUTO_TRAIN_BATCH // (workers * envs_per_worker))
+
+
 DEFAULT_MODEL = ModelSpec(hidden=(64, 64), activation="tanh")
 DEFAULT_FRAGMENT = 128  # env steps per env per iteration: 1024 per worker at 8 envs
 SETUP_TIMEOUT_S = 300.0  # Ray + RLlib start-up on a busy 2-core machine, on top of the timed part

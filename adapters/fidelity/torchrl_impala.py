@@ -66,7 +66,7 @@ from typing import Any
 
 from crossrl.adapters.base import MetricSink
 from crossrl.adapters.fidelity import beat
-from crossrl.adapters.fidelity.torchrl_loop import ACTIVATIONS, _gym_env, _stored, make_env
+from crossrl.adapters.fidelity.torchrl_common import ACTIVATIONS, gym_env, make_env, stored_value
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
@@ -81,9 +81,9 @@ FIX = "store the config crossrl's TorchRL adapter reports for a local impala tri
 
 
 def _need(stored: Mapping[str, Any], where: str, *keys: str) -> Any:
-    """``_stored`` with the file and the remedy in its one line."""
+    """``stored_value`` with the file and the remedy in its one line."""
     try:
-        return _stored(stored, *keys)
+        return stored_value(stored, *keys)
     except ValueError as e:
         raise ValueError(f"{e} ({where}): {FIX}") from None
 
@@ -147,7 +147,7 @@ def run_impala(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where:
     torch.manual_seed(trial.seed)
 
     # the proof env: dimensions and specs (as the reference's make_ppo_models does)
-    proof = _gym_env(trial.env.id, dict(trial.env.kwargs))
+    proof = gym_env(trial.env.id, dict(trial.env.kwargs))
     try:
         action_spec = proof.action_spec_unbatched
         obs_spec = proof.observation_spec.get("observation", None)

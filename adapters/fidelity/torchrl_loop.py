@@ -22,46 +22,18 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from crossrl.adapters.base import MetricSink
 from crossrl.adapters.fidelity import CONFIGS_ENV, beat, stored_config
+from crossrl.adapters.fidelity.torchrl_common import ACTIVATIONS, gym_env, make_env, stored_value
+from crossrl.adapters.fidelity.torchrl_impala import run_impala
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
 COLLECTORS = ("Collector", "MultiSyncCollector")
 """The collector classes an on-policy PPO trial's stored config may name (the adapter's local, synchronous ones)."""
-
-ACTIVATIONS = {"tanh": "Tanh", "relu": "ReLU"}
-
-
-def make_env(env_id: str, kwargs: Mapping[str, Any], num_envs: int) -> Any:
-    """``num_envs`` gymnasium envs stepped serially, with episode return and length counters (module-level: a
-    collector worker started with spawn unpickles it)."""
-    import torch
-    from torchrl.envs import Compose, RewardSum, SerialEnv, StepCounter, TransformedEnv
-
-    torch.set_num_threads(1)
-    base = SerialEnv(num_envs, functools.partial(_gym_env, env_id, dict(kwargs)), serial_for_single=True)
-    return TransformedEnv(base, Compose(RewardSum(), StepCounter()))
-
-
-def _gym_env(env_id: str, kwargs: dict[str, Any]) -> Any:
-    from torchrl.envs import GymEnv, set_gym_backend
-
-    with set_gym_backend("gymnasium"):
-        return GymEnv(env_id, categorical_action_encoding=True, **kwargs)
-
-
-def _stored(stored: Mapping[str, Any], *keys: str) -> Any:
-    value: Any = stored
-    for key in keys:
-        if not isinstance(value, Mapping) or key not in value:
-            raise ValueError(f"torchrl-native: the stored native config has no {'.'.join(keys)}")
-        value = value[key]
-    return value
 
 
 def _refuse(trial: Trial) -> None:
@@ -99,8 +71,6 @@ class TorchrlNativeLoop:
             raise ValueError("torchrl-native: a native loop starts from scratch; it does not resume from a checkpoint")
         where = str(Path(os.environ.get(CONFIGS_ENV, ".")) / f"{trial.seed}.json")
         if trial.algorithm == "impala":
-            from crossrl.adapters.fidelity.torchrl_impala import run_impala
-
             return run_impala(trial, sink, stored, where)
 
         import torch
@@ -115,30 +85,30 @@ class TorchrlNativeLoop:
         from torchrl.objectives import ClipPPOLoss
         from torchrl.objectives.value import GAE
 
-        collector_cls = _stored(stored, "collector", "class")
+        collector_cls = stored_value(stored, "collector", "class")
         if collector_cls not in COLLECTORS:
             raise ValueError(
                 f"torchrl-native: the stored collector {collector_cls!r} ({where}) is not one of {COLLECTORS}"
             )
-        collector_kwargs = dict(_stored(stored, "collector", "kwargs"))
+        collector_kwargs = dict(stored_value(stored, "collector", "kwargs"))
         workers = int(collector_kwargs.pop("num_workers", 1))
         fpb = int(collector_kwargs["frames_per_batch"])
         if workers != trial.workers:
             raise ValueError(f"torchrl-native: {where} is for {workers} worker(s), the trial has {trial.workers}")
         for part, cls_name in (("loss", "ClipPPOLoss"), ("value_estimator", "GAE")):
-            if _stored(stored, part, "class") != cls_name:
+            if stored_value(stored, part, "class") != cls_name:
                 raise ValueError(f"torchrl-native: the stored {part} is not {cls_name} ({where})")
-        loss_kwargs = dict(_stored(stored, "loss", "kwargs"))
-        gae_kwargs = dict(_stored(stored, "value_estimator", "kwargs"))
-        lr, eps = float(_stored(stored, "optimizer", "lr")), float(_stored(stored, "optimizer", "eps"))
-        max_grad_norm = float(_stored(stored, "grad_clip_norm"))
+        loss_kwargs = dict(stored_value(stored, "loss", "kwargs"))
+        gae_kwargs = dict(stored_value(stored, "value_estimator", "kwargs"))
+        lr, eps = float(stored_value(stored, "optimizer", "lr")), float(stored_value(stored, "optimizer", "eps"))
+        max_grad_norm = float(stored_value(stored, "grad_clip_norm"))
         epochs, minibatch = int(trial.hyperparams["epochs"]), int(trial.hyperparams["minibatch"])
 
         torch.set_num_threads(1)
         torch.manual_seed(trial.seed)
 
         # the proof env: dimensions and specs (as the reference scripts' proof_environment)
-        proof = _gym_env(trial.env.id, dict(trial.env.kwargs))
+        proof = gym_env(trial.env.id, dict(trial.env.kwargs))
         try:
             action_spec = proof.action_spec_unbatched
             obs_spec = proof.observation_spec.get("observation", None)
