@@ -7,6 +7,11 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from crossrl.adapters.base import MetricSink
+from crossrl.adapters.fidelity import beat
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.spec import Trial
+
 ACTIVATIONS = {"tanh": "Tanh", "relu": "ReLU"}
 
 
@@ -35,3 +40,74 @@ def stored_value(stored: Mapping[str, Any], *keys: str) -> Any:
             raise ValueError(f"torchrl-native: the stored native config has no {'.'.join(keys)}")
         value = value[key]
     return value
+
+
+def actor_critic(trial: Trial) -> tuple[Any, Any, Any, Any]:
+    """The policy and value networks as TorchRL's reference scripts build them from a proof env (its specs and
+    dimensions): ``MLP``s of the trial's hidden sizes and activation with PyTorch's default initialisation, a
+    ``ProbabilisticActor`` with a ``Categorical`` over the logits and a ``ValueOperator``. Returns ``(actor,
+    critic, policy_net, value_net)``; seeds torch with the trial's seed first."""
+    import torch
+    from tensordict.nn import TensorDictModule
+    from torchrl.data import Categorical as CategoricalSpec
+    from torchrl.envs import ExplorationType
+    from torchrl.modules import MLP, ProbabilisticActor, ValueOperator
+
+    torch.set_num_threads(1)
+    torch.manual_seed(trial.seed)
+    proof = gym_env(trial.env.id, dict(trial.env.kwargs))
+    try:
+        action_spec = proof.action_spec_unbatched
+        obs_spec = proof.observation_spec.get("observation", None)
+        if not isinstance(action_spec, CategoricalSpec) or obs_spec is None or len(obs_spec.shape) != 1:
+            raise ValueError(
+                f"torchrl-native runs discrete-action envs with vector observations; {trial.env.id} has the action "
+                f"spec {type(action_spec).__name__} and observations {None if obs_spec is None else obs_spec.shape}"
+            )
+        n_obs, n_actions = int(obs_spec.shape[-1]), int(action_spec.space.n)
+        action_spec = proof.full_action_spec_unbatched.clone()
+    finally:
+        proof.close()
+
+    activation = getattr(torch.nn, ACTIVATIONS[trial.model.activation])
+    hidden = list(trial.model.hidden)
+    policy_net = MLP(in_features=n_obs, out_features=n_actions, num_cells=hidden, activation_class=activation)
+    value_net = MLP(in_features=n_obs, out_features=1, num_cells=hidden, activation_class=activation)
+    actor = ProbabilisticActor(
+        TensorDictModule(policy_net, in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"],
+        spec=action_spec,
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,
+        default_interaction_type=ExplorationType.RANDOM,
+    )
+    return actor, ValueOperator(value_net, in_keys=["observation"]), policy_net, value_net
+
+
+def episodes(data: Any) -> tuple[list[float], list[int]]:
+    """The returns and lengths of the episodes that ended in a collected batch (``RewardSum``, ``StepCounter``)."""
+    done = data["next", "done"]
+    return [float(r) for r in data["next", "episode_reward"][done]], [int(n) for n in data["next", "step_count"][done]]
+
+
+def report(
+    sink: MetricSink,
+    data: Any,
+    *,
+    sampled: int,
+    values: Mapping[str, float],
+    times: tuple[float, float, float, float],
+    trained: int | None = None,
+) -> None:
+    """One point for a collected batch (its finished episodes, the losses in ``values``, the sample / learn / weight
+    sync seconds from ``times`` = (collect start, collected, learned, synced)), then a beat for the stall watchdog."""
+    returns, lengths = episodes(data)
+    t0, t1, t2, t3 = times
+    sink.point(
+        env_steps_sampled=sampled,
+        env_steps_trained=trained,
+        episode_returns=returns,
+        episode_lengths=lengths,
+        values={**values, M.TIME_SAMPLE_S: t1 - t0, M.TIME_LEARN_S: t2 - t1, M.TIME_SYNC_WEIGHTS_S: t3 - t2},
+    )
+    beat()

@@ -65,8 +65,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from crossrl.adapters.base import MetricSink
-from crossrl.adapters.fidelity import beat
-from crossrl.adapters.fidelity.torchrl_common import ACTIVATIONS, gym_env, make_env, stored_value
+from crossrl.adapters.fidelity.torchrl_common import actor_critic, make_env, report, stored_value
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
@@ -133,47 +132,13 @@ def run_impala(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where:
 
     import torch
     import torchrl
-    from tensordict.nn import TensorDictModule
     from torchrl.collectors import MultiAsyncCollector
-    from torchrl.data import Categorical as CategoricalSpec
     from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
     from torchrl.data.replay_buffers import SamplerWithoutReplacement
-    from torchrl.envs import ExplorationType
-    from torchrl.modules import MLP, ProbabilisticActor, ValueOperator
     from torchrl.objectives import A2CLoss
     from torchrl.objectives.value import VTrace
 
-    torch.set_num_threads(1)
-    torch.manual_seed(trial.seed)
-
-    # the proof env: dimensions and specs (as the reference's make_ppo_models does)
-    proof = gym_env(trial.env.id, dict(trial.env.kwargs))
-    try:
-        action_spec = proof.action_spec_unbatched
-        obs_spec = proof.observation_spec.get("observation", None)
-        if not isinstance(action_spec, CategoricalSpec) or obs_spec is None or len(obs_spec.shape) != 1:
-            raise ValueError(
-                f"torchrl-native runs discrete-action envs with vector observations; {trial.env.id} has the action "
-                f"spec {type(action_spec).__name__} and observations {None if obs_spec is None else obs_spec.shape}"
-            )
-        n_obs, n_actions = int(obs_spec.shape[-1]), int(action_spec.space.n)
-        action_spec = proof.full_action_spec_unbatched.clone()
-    finally:
-        proof.close()
-
-    activation = getattr(torch.nn, ACTIVATIONS[trial.model.activation])
-    hidden = list(trial.model.hidden)
-    policy_net = MLP(in_features=n_obs, out_features=n_actions, num_cells=hidden, activation_class=activation)
-    value_net = MLP(in_features=n_obs, out_features=1, num_cells=hidden, activation_class=activation)
-    actor = ProbabilisticActor(
-        TensorDictModule(policy_net, in_keys=["observation"], out_keys=["logits"]),
-        in_keys=["logits"],
-        spec=action_spec,
-        distribution_class=torch.distributions.Categorical,
-        return_log_prob=True,
-        default_interaction_type=ExplorationType.RANDOM,
-    )
-    critic = ValueOperator(value_net, in_keys=["observation"])
+    actor, critic, policy_net, value_net = actor_critic(trial)
 
     adv_module = VTrace(value_network=critic, actor_network=actor, **s["vtrace_kwargs"])
     loss_module = A2CLoss(actor, critic, **s["loss_kwargs"])
@@ -233,9 +198,6 @@ def run_impala(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where:
             if data.numel() != fpb:
                 raise ValueError(f"torchrl-native: a worker batch of {data.numel()} env steps, not {fpb} ({where})")
             sampled += data.numel()
-            done = data["next", "done"]
-            returns = [float(r) for r in data["next", "episode_reward"][done]]
-            lengths = [int(n) for n in data["next", "step_count"][done]]
 
             values: dict[str, float] = {}
             accumulator.append(data)
@@ -273,19 +235,7 @@ def run_impala(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where:
             else:
                 t2 = time.perf_counter()
             t3 = time.perf_counter()
-            sink.point(
-                env_steps_sampled=sampled,
-                env_steps_trained=trained,
-                episode_returns=returns,
-                episode_lengths=lengths,
-                values={
-                    **values,
-                    M.TIME_SAMPLE_S: t1 - t0,
-                    M.TIME_LEARN_S: t2 - t1,
-                    M.TIME_SYNC_WEIGHTS_S: t3 - t2,
-                },
-            )
-            beat()
+            report(sink, data, sampled=sampled, trained=trained, values=values, times=(t0, t1, t2, t3))
             if sink.exhausted:
                 break
             t0 = time.perf_counter()

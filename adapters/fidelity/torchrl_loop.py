@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from crossrl.adapters.base import MetricSink
-from crossrl.adapters.fidelity import CONFIGS_ENV, beat, stored_config
-from crossrl.adapters.fidelity.torchrl_common import ACTIVATIONS, gym_env, make_env, stored_value
+from crossrl.adapters.fidelity import CONFIGS_ENV, stored_config
+from crossrl.adapters.fidelity.torchrl_common import actor_critic, make_env, report, stored_value
 from crossrl.adapters.fidelity.torchrl_impala import run_impala
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
@@ -75,13 +75,9 @@ class TorchrlNativeLoop:
 
         import torch
         import torchrl
-        from tensordict.nn import TensorDictModule
         from torchrl.collectors import Collector, MultiSyncCollector
-        from torchrl.data import Categorical as CategoricalSpec
         from torchrl.data import LazyTensorStorage, ReplayBuffer
         from torchrl.data.replay_buffers import SamplerWithoutReplacement
-        from torchrl.envs import ExplorationType
-        from torchrl.modules import MLP, ProbabilisticActor, ValueOperator
         from torchrl.objectives import ClipPPOLoss
         from torchrl.objectives.value import GAE
 
@@ -104,37 +100,7 @@ class TorchrlNativeLoop:
         max_grad_norm = float(stored_value(stored, "grad_clip_norm"))
         epochs, minibatch = int(trial.hyperparams["epochs"]), int(trial.hyperparams["minibatch"])
 
-        torch.set_num_threads(1)
-        torch.manual_seed(trial.seed)
-
-        # the proof env: dimensions and specs (as the reference scripts' proof_environment)
-        proof = gym_env(trial.env.id, dict(trial.env.kwargs))
-        try:
-            action_spec = proof.action_spec_unbatched
-            obs_spec = proof.observation_spec.get("observation", None)
-            if not isinstance(action_spec, CategoricalSpec) or obs_spec is None or len(obs_spec.shape) != 1:
-                raise ValueError(
-                    f"torchrl-native runs discrete-action envs with vector observations; {trial.env.id} has the action "
-                    f"spec {type(action_spec).__name__} and observations {None if obs_spec is None else obs_spec.shape}"
-                )
-            n_obs, n_actions = int(obs_spec.shape[-1]), int(action_spec.space.n)
-            action_spec = proof.full_action_spec_unbatched.clone()
-        finally:
-            proof.close()
-
-        activation = getattr(torch.nn, ACTIVATIONS[trial.model.activation])
-        hidden = list(trial.model.hidden)
-        policy_net = MLP(in_features=n_obs, out_features=n_actions, num_cells=hidden, activation_class=activation)
-        value_net = MLP(in_features=n_obs, out_features=1, num_cells=hidden, activation_class=activation)
-        actor = ProbabilisticActor(
-            TensorDictModule(policy_net, in_keys=["observation"], out_keys=["logits"]),
-            in_keys=["logits"],
-            spec=action_spec,
-            distribution_class=torch.distributions.Categorical,
-            return_log_prob=True,
-            default_interaction_type=ExplorationType.RANDOM,
-        )
-        critic = ValueOperator(value_net, in_keys=["observation"])
+        actor, critic, policy_net, value_net = actor_critic(trial)
 
         adv_module = GAE(value_network=critic, **gae_kwargs)
         loss_module = ClipPPOLoss(actor, critic, **loss_kwargs)
@@ -182,9 +148,6 @@ class TorchrlNativeLoop:
             for data in collector:
                 t1 = time.perf_counter()
                 sampled += data.numel()
-                done = data["next", "done"]
-                returns = [float(r) for r in data["next", "episode_reward"][done]]
-                lengths = [int(n) for n in data["next", "step_count"][done]]
 
                 stats: list[Any] = []
                 for _ in range(epochs):
@@ -214,18 +177,7 @@ class TorchrlNativeLoop:
                 values = {M.POLICY_LOSS: policy_loss, M.ENTROPY: entropy, M.DIAG_GRAD_NORM: norm}
                 if critic_coeff > 0:  # the squared error, as the adapter reports it
                     values[M.VALUE_LOSS] = critic_loss / critic_coeff
-                sink.point(
-                    env_steps_sampled=sampled,
-                    episode_returns=returns,
-                    episode_lengths=lengths,
-                    values={
-                        **values,
-                        M.TIME_SAMPLE_S: t1 - t0,
-                        M.TIME_LEARN_S: t2 - t1,
-                        M.TIME_SYNC_WEIGHTS_S: t3 - t2,
-                    },
-                )
-                beat()
+                report(sink, data, sampled=sampled, values=values, times=(t0, t1, t2, t3))
                 if sink.exhausted:
                     break
                 t0 = time.perf_counter()
