@@ -44,9 +44,13 @@ def stored_value(stored: Mapping[str, Any], *keys: str) -> Any:
 
 def actor_critic(trial: Trial) -> tuple[Any, Any, Any, Any]:
     """The policy and value networks as TorchRL's reference scripts build them from a proof env (its specs and
-    dimensions): ``MLP``s of the trial's hidden sizes and activation with PyTorch's default initialisation, a
-    ``ProbabilisticActor`` with a ``Categorical`` over the logits and a ``ValueOperator``. Returns ``(actor,
-    critic, policy_net, value_net)``; seeds torch with the trial's seed first."""
+    dimensions): ``MLP``s of the trial's hidden sizes and activation, a ``ProbabilisticActor`` with a
+    ``Categorical`` over the logits and a ``ValueOperator``. Their weights are initialised as the spec's network
+    is on every engine that takes crossrl's initialisation (:func:`init_as_spec`), so both sides of a fidelity
+    check start from the same kind of network and only the loops differ (with PyTorch's default initialisation,
+    as TorchRL's Atari scripts keep it, the native loop needed 1.42x the adapter's env steps on ``cartpole-ppo``:
+    docs/fidelity.md). Returns ``(actor, critic, policy_net, value_net)``; seeds torch with the trial's seed
+    first."""
     import torch
     from tensordict.nn import TensorDictModule
     from torchrl.data import Categorical as CategoricalSpec
@@ -73,6 +77,8 @@ def actor_critic(trial: Trial) -> tuple[Any, Any, Any, Any]:
     hidden = list(trial.model.hidden)
     policy_net = MLP(in_features=n_obs, out_features=n_actions, num_cells=hidden, activation_class=activation)
     value_net = MLP(in_features=n_obs, out_features=1, num_cells=hidden, activation_class=activation)
+    init_as_spec(policy_net, out_gain=0.01)
+    init_as_spec(value_net, out_gain=1.0)
     actor = ProbabilisticActor(
         TensorDictModule(policy_net, in_keys=["observation"], out_keys=["logits"]),
         in_keys=["logits"],
@@ -82,6 +88,21 @@ def actor_critic(trial: Trial) -> tuple[Any, Any, Any, Any]:
         default_interaction_type=ExplorationType.RANDOM,
     )
     return actor, ValueOperator(value_net, in_keys=["observation"]), policy_net, value_net
+
+
+def init_as_spec(mlp: Any, *, out_gain: float) -> Any:
+    """``mlp``'s linear layers initialised as ``core.models.build_mlp`` initialises the spec's network: orthogonal
+    weights, gain sqrt(2) on hidden layers and ``out_gain`` on the last (0.01 for policy logits, 1.0 for values),
+    zero biases."""
+    import math
+
+    import torch
+
+    linears = [m for m in mlp.modules() if isinstance(m, torch.nn.Linear)]
+    for i, layer in enumerate(linears):
+        torch.nn.init.orthogonal_(layer.weight, gain=out_gain if i == len(linears) - 1 else math.sqrt(2.0))
+        torch.nn.init.zeros_(layer.bias)
+    return mlp
 
 
 def episodes(data: Any) -> tuple[list[float], list[int]]:

@@ -118,3 +118,22 @@ def test_each_point_tells_the_stall_watchdog_that_envs_stepped(tmp_path: Path, m
     stepped = watch.last_step_at()
     assert stepped is not None and stepped >= watch.armed_at - 1  # type: ignore[operator]
     assert watch.stalled(now=stepped + 60) is None
+
+
+def test_the_native_networks_start_as_the_specs_network_does() -> None:
+    """Both sides of a fidelity check start from the same kind of network: orthogonal weights (gain sqrt(2) on the
+    hidden layers, 0.01 on the policy's logits, 1.0 on the value), zero biases, as ``core.models.build_mlp``."""
+    import torch
+
+    from crossrl.adapters.fidelity.torchrl_common import actor_critic
+
+    _, _, policy_net, value_net = actor_critic(make_trial(workers=1, env_steps=BATCH))
+    for net, out_gain in ((policy_net, 0.01), (value_net, 1.0)):
+        linears = [m for m in net.modules() if isinstance(m, torch.nn.Linear)]
+        assert [tuple(m.weight.shape) for m in linears] == [(64, 4), (64, 64), (2 if net is policy_net else 1, 64)]
+        for i, layer in enumerate(linears):
+            gain = out_gain if i == len(linears) - 1 else math.sqrt(2.0)
+            w = layer.weight.detach()
+            gram = w @ w.T if w.shape[0] <= w.shape[1] else w.T @ w  # orthogonal rows, or columns
+            assert torch.allclose(gram, gain**2 * torch.eye(gram.shape[0]), atol=1e-4 * max(1.0, gain**2)), (i, gain)
+            assert torch.count_nonzero(layer.bias) == 0
