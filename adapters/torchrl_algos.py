@@ -24,6 +24,7 @@ from torchrl.data.replay_buffers import RandomSampler
 from torchrl.modules import ConvNet, EGreedyModule, ProbabilisticActor, QValueActor, ValueOperator
 from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, ValueEstimators
 from torchrl.objectives.value import GAE, VTrace
+from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
 from crossrl.core.maths import mean_stats
 from crossrl.core.models import (
@@ -39,6 +40,7 @@ from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ModelSpec, Trial
 
 OBS_KEY = "observation"
+ACTION_KEY = "action"  # where build_actor writes the action
 
 PRIORITIZED_REPLAY_UNAVAILABLE = (
     "torchrl: prioritized_replay is not available: TorchRL's PrioritizedSampler needs its C++ "
@@ -165,11 +167,42 @@ def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
     return ProbabilisticActor(
         module,
         in_keys=["logits"],
-        out_keys=["action"],
+        out_keys=[ACTION_KEY],
         spec=CategoricalSpec(n_actions),
         distribution_class=torch.distributions.Categorical,
         return_log_prob=True,  # behaviour log-probs: PPO's ratio and V-trace's rho need them
     )
+
+
+def vtrace_taken_actions(estimator: VTrace, data: TensorDictBase) -> TensorDictBase:
+    """V-trace advantages and value targets into ``data`` (``[*B, T]``), by TorchRL's own
+    ``vtrace_advantage_estimate`` with ``estimator``'s gamma, thresholds, critic and actor, the importance weights
+    ``pi(a) / mu(a)`` taken on the actions the workers took (the IMPALA paper's V-trace).
+
+    ``VTrace.forward`` in TorchRL 0.14.1 takes ``log pi`` of an action it draws anew from the learner's policy (its
+    mode, or a fresh sample, by the actor's interaction type: ``_call_actor_net``), not of the action in the batch,
+    so its ``rho`` compares two different actions (measured: docs/fidelity.md, "TorchRL's V-trace")."""
+    keys = estimator.tensor_keys
+    actor, critic = estimator.actor_network, estimator.value_network
+    with torch.no_grad():
+        value = critic(data.select(*critic.in_keys).copy()).get(keys.value)
+        next_value = critic(data["next"].select(*critic.in_keys).copy()).get(keys.value)
+        log_pi = actor.get_dist(data.select(*actor.in_keys, strict=False)).log_prob(data.get(ACTION_KEY))
+        adv, target = vtrace_advantage_estimate(
+            estimator.gamma,
+            log_pi.view_as(value),
+            data.get(keys.sample_log_prob).view_as(value),
+            value,
+            next_value,
+            data.get(("next", keys.reward)),
+            data.get(("next", keys.done)),
+            data.get(("next", keys.terminated)),
+            rho_thresh=estimator.rho_thresh,
+            c_thresh=estimator.c_thresh,
+        )
+    data.set(keys.advantage, adv)
+    data.set(keys.value_target, target)
+    return data
 
 
 def clip_and_step(optim: torch.optim.Optimizer, params: list[nn.Parameter], grad_clip: float) -> float:
@@ -275,7 +308,7 @@ class OnPolicyLearner:
             data = torch.cat([d.reshape(-1, d.shape[-1]) for d in self._pending], 0)
             self._pending, self._pending_frames = [], 0
         with torch.no_grad():
-            data = self.estimator(data)
+            data = vtrace_taken_actions(self.estimator, data) if self.algo == "impala" else self.estimator(data)
         flat = data.reshape(-1)
         if self.algo != "ppo":
             return flat.numel(), self._step(flat)
@@ -320,13 +353,20 @@ class OnPolicyLearner:
     def native(self) -> dict[str, Any]:
         return {
             "loss": {"class": type(self.loss).__name__, "kwargs": self.loss_kwargs},
-            "value_estimator": {"class": type(self.estimator).__name__, "kwargs": self.estimator_kwargs},
+            "value_estimator": {"class": type(self.estimator).__name__, "kwargs": self.estimator_kwargs,
+                                **self._vtrace_note()},
             "optimizer": {"class": "torch.optim.Adam", "lr": self.optim.defaults["lr"], "eps": self.optim.defaults["eps"]},
             "grad_clip_norm": self.grad_clip,
             "update": self._update_description(),
             "networks": {"actor": repr(self.actor_net), "critic": repr(self.critic_net),
                          "actor_params": count_params(self.actor), "critic_params": count_params(self.critic)},
         }  # fmt: skip
+
+    def _vtrace_note(self) -> dict[str, str]:
+        if self.algo != "impala":
+            return {}
+        return {"computed_by": "crossrl's vtrace_taken_actions: TorchRL's vtrace_advantage_estimate with log pi of the "
+                "actions taken (TorchRL 0.14.1's VTrace.forward takes log pi of a newly drawn action)"}  # fmt: skip
 
     def _update_description(self) -> str:
         if self.algo == "ppo":
