@@ -13,6 +13,7 @@ from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
 ACTIVATIONS = {"tanh": "Tanh", "relu": "ReLU"}
+INIT = "the spec's (init_as_spec): orthogonal, gain sqrt(2) hidden, 0.01 logits, 1.0 value, zero biases"
 
 
 def make_env(env_id: str, kwargs: Mapping[str, Any], num_envs: int) -> Any:

@@ -19,8 +19,8 @@ must be ``MultiAsyncCollector``, its kwargs, frames per worker batch, number of 
 reference's ``batch_size``). From the trial: the env id and kwargs, envs per worker, the MLP's hidden sizes and
 activation and the seed. Built with TorchRL's own calls, as the PPO loop (``torchrl_loop``) builds them: per worker
 a ``SerialEnv`` of ``GymEnv`` (gymnasium) with ``RewardSum`` and ``StepCounter``, a ``ProbabilisticActor`` with a
-``Categorical`` over ``MLP`` logits and a ``ValueOperator`` over an ``MLP``, with TorchRL's (PyTorch's) default
-initialisation. One SGD update per learner batch: the reference's ``sgd_updates`` default, and the adapter's.
+``Categorical`` over ``MLP`` logits and a ``ValueOperator`` over an ``MLP``, initialised as the spec's network
+(``init_as_spec``). One SGD update per learner batch: the reference's ``sgd_updates`` default, and the adapter's.
 
 Known differences from the reference script, kept on purpose:
 
@@ -42,6 +42,9 @@ Known differences from the reference script, kept on purpose:
 
 Known differences from crossrl's adapter (``adapters/torchrl.py``, ``adapters/torchrl_algos.py``):
 
+- V-trace: TorchRL's ``VTrace`` module, as the reference uses it, which takes ``log pi`` of a newly drawn action
+  (0.14.1); the adapter computes TorchRL's ``vtrace_advantage_estimate`` on the actions taken
+  (``vtrace_taken_actions``; docs/fidelity.md, "TorchRL's V-trace weighs the wrong action").
 - The learner batch: the adapter concatenates worker batches (``[envs, T]`` each, along the env dim) until it holds
   >= ``train_batch`` env steps; here ``ceil(train_batch / frames_per_batch)`` batches are stacked along a new dim
   (``[k, envs, T]``). Every worker batch holds ``frames_per_batch`` env steps, so both learn on the same number of
@@ -50,8 +53,8 @@ Known differences from crossrl's adapter (``adapters/torchrl.py``, ``adapters/to
   it has while the learner trains, new weights pushed after each update); the adapter pushes them in a thread that
   watches the worker processes, this loop calls ``update_policy_weights_()`` directly. What lag each batch has
   depends on the two processes' timing, not on settings.
-- The networks: TorchRL's ``MLP`` with PyTorch's default initialisation; the adapter builds crossrl's MLP (its
-  initialisation, the policy's last layer scaled by 0.01). The envs: ``GymEnv`` on the gymnasium id; the adapter
+- The networks: TorchRL's ``MLP``, initialised as the adapter initialises crossrl's MLP (``init_as_spec``). The
+  envs: ``GymEnv`` on the gymnasium id; the adapter
   wraps crossrl's ``make_env`` (its env guard) in ``GymWrapper``. The adapter's collector workers also get an
   ``init_fn`` setting one torch thread; here each worker's env factory sets it.
 """
@@ -65,7 +68,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from crossrl.adapters.base import MetricSink
-from crossrl.adapters.fidelity.torchrl_common import actor_critic, make_env, report, stored_value
+from crossrl.adapters.fidelity.torchrl_common import INIT, actor_critic, make_env, report, stored_value
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
@@ -172,7 +175,7 @@ def run_impala(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where:
                 "StepCounter()))",
                 "actor": f"ProbabilisticActor(MLP(logits), Categorical): {policy_net!r}",
                 "critic": f"ValueOperator(MLP): {value_net!r}",
-                "init": "TorchRL's MLP default (PyTorch's nn.Linear init)",
+                "init": INIT,
                 "learner_batch": {"train_batch": s["train_batch"], "worker_batches": rollouts,
                                   "frames_per_worker_batch": fpb, "env_steps": learner_frames,
                                   "assembled": "torch.stack(worker batches, 0): [worker_batches, envs, T]"},

@@ -6,8 +6,9 @@ frames per batch, number of workers), ``ClipPPOLoss``'s kwargs, ``GAE``'s kwargs
 clip norm. From the trial: epochs, minibatch, the env id, envs per worker, the MLP's hidden sizes and activation and
 the seed. Built with TorchRL's own calls: per worker a ``SerialEnv`` of ``GymEnv`` (gymnasium) with ``RewardSum`` and
 ``StepCounter`` (the adapter's layout: one process per worker stepping its envs one after another), a
-``ProbabilisticActor`` with a ``Categorical`` over ``MLP`` logits, a ``ValueOperator`` over an ``MLP``, both with
-TorchRL's (PyTorch's) default initialisation, as ppo_atari.py builds its heads.
+``ProbabilisticActor`` with a ``Categorical`` over ``MLP`` logits, a ``ValueOperator`` over an ``MLP``, both
+initialised as the spec's network (``torchrl_common.init_as_spec``: the adapter's initialisation, so both sides start
+from the same kind of network).
 
 The loop, as the reference scripts: the collector iterated in a ``for`` loop; per batch and per epoch ``GAE`` over the
 whole batch (recomputed every epoch with the current critic, as the reference does), the flattened batch extended into
@@ -27,7 +28,7 @@ from typing import Any, ClassVar
 
 from crossrl.adapters.base import MetricSink
 from crossrl.adapters.fidelity import CONFIGS_ENV, stored_config
-from crossrl.adapters.fidelity.torchrl_common import actor_critic, make_env, report, stored_value
+from crossrl.adapters.fidelity.torchrl_common import INIT, actor_critic, make_env, report, stored_value
 from crossrl.adapters.fidelity.torchrl_impala import run_impala
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
@@ -130,7 +131,7 @@ class TorchrlNativeLoop:
                     "StepCounter()))",
                     "actor": f"ProbabilisticActor(MLP(logits), Categorical): {policy_net!r}",
                     "critic": f"ValueOperator(MLP): {value_net!r}",
-                    "init": "TorchRL's MLP default (PyTorch's nn.Linear init)",
+                    "init": INIT,
                     "value_estimator": {"class": "GAE", "kwargs": gae_kwargs, "computed": "every epoch, whole batch"},
                     "loss": {"class": "ClipPPOLoss", "kwargs": loss_kwargs},
                     "optimizer": {"class": "torch.optim.Adam", "lr": lr, "eps": eps},
