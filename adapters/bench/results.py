@@ -829,5 +829,6 @@ def layout_sweep_figure(sweep: LayoutSweep, path: Path) -> Path:
         ax.set_axisbelow(True)
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, format="png", dpi=120)
+        # "tight" grows the canvas to what was drawn: the width estimate above can fall short of a long label
+        fig.savefig(path, format="png", dpi=120, bbox_inches="tight", pad_inches=0.1)
     return path
