@@ -1159,7 +1159,7 @@ def bench_sampling_cmd(
         typer.Option(
             "--points",
             min=1,
-            help="--sweep: at most this many layouts of RLlib and TorchRL each, fixed first (crossrl: its fixed one)",
+            help="--sweep: at most this many layouts of each engine, fixed first (crossrl has two)",
         ),
     ] = None,
     stop_below: Annotated[

@@ -245,18 +245,16 @@ def sweep(
     their second points, ...; each measurement a fresh process). After each round but the last, a point whose
     median so far is below ``stop_below`` x its engine's best median so far stops (the fixed layouts never do;
     0 disables). A point whose measurement fails is recorded with its error and stops, unless it is a fixed one
-    (then the sweep fails). ``points``: at most that many layouts of RLlib and TorchRL each, the fixed one first;
-    crossrl then times its fixed layout alone. ``measure_fn``: :func:`~.samplers.measure` (tests pass a fake)."""
+    (then the sweep fails). ``points``: at most that many layouts of every engine, the fixed one first (crossrl has
+    two). ``measure_fn``: :func:`~.samplers.measure` (tests pass a fake)."""
     if repeat < 1:
         raise ValueError(f"bench sampling --sweep: repeat={repeat} must be >= 1")
     cores = cores or os.cpu_count() or 1
     native = has_native_vector(env_spec)
     pts: list[SweepPoint] = []
     for engine in engines:
-        # --points caps the peers' grids; crossrl then times its fixed layout alone (its second one only in a full sweep)
-        cap_points = points if engine != "crossrl" or points is None else 1
         lays = grid(engine, workers=workers, envs_per_worker=envs_per_worker, cores=cores, fragment=fragment,
-                    native_vector=native, points=cap_points)  # fmt: skip
+                    native_vector=native, points=points)  # fmt: skip
         for i, lay in enumerate(lays):
             pts.append(SweepPoint(engine=engine, layout=lay, label=label(engine, lay), processes=processes(engine, lay),
                                   fixed=i == 0, index=i))  # fmt: skip

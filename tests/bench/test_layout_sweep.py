@@ -97,13 +97,14 @@ def test_sweep_interleaves_rounds_stops_slow_points_and_picks_each_engines_best(
         "rllib: 2 runners x 8 SYNC, fragment 250": [100.0, 100.0, 100.0],  # fixed: never stops
         "torchrl: Collector gym Sync(16), 4000 frames": [-1.0],  # fails: left out
         "crossrl: 2 x 8": [400.0],
+        "crossrl: 1 x 16": [350.0],
     }
     calls: list[str] = []
     res = sweep(EnvSpec(id="CartPole-v1"), workers=2, envs_per_worker=8, repeat=3, seconds=1.0, fragment=250,
                 model=ModelSpec(), cores=2, points=3, measure_fn=_fake(speeds, calls))  # fmt: skip
     assert calls[:3] == ["crossrl: 2 x 8", "rllib: 2 runners x 8 SYNC, fragment 250",
                          "torchrl: MultiSync 2 x SerialEnv(8), 4000 frames"]  # fmt: skip
-    assert len(res.of("rllib")) == len(res.of("torchrl")) == 3 and len(res.of("crossrl")) == 1  # points=3: peers only
+    assert len(res.of("rllib")) == len(res.of("torchrl")) == 3 and len(res.of("crossrl")) == 2  # crossrl has 2
     native = next(p for p in res.of("rllib") if "native" in p.label)
     assert native.stopped_early and len(native.samples) == 1
     assert len(res.fixed("rllib").samples) == 3 and not res.fixed("rllib").stopped_early
@@ -132,7 +133,7 @@ def test_a_failing_fixed_layout_fails_the_sweep() -> None:
 
 @pytest.mark.integration
 def test_a_tiny_sweep_through_the_cli(tmp_path: Path) -> None:
-    """2 layouts of RLlib and TorchRL each and crossrl's fixed one on CartPole, 1 round: every point measured, each engine's best is its fastest point, the
+    """2 layouts of every engine on CartPole, 1 round: every point measured, each engine's best is its fastest point, the
     grid in JSON and PNG, a bench run of kind sampling-sweep in the store."""
     results = tmp_path / "results"
     out = tmp_path / "sweep.json"
@@ -147,7 +148,7 @@ def test_a_tiny_sweep_through_the_cli(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["bench"] == "sampling-sweep" and data["conditions"]["total_envs"] == 2
     points = data["points"]
-    assert sorted(p["engine"] for p in points) == ["crossrl", "rllib", "rllib", "torchrl", "torchrl"]
+    assert sorted(p["engine"] for p in points) == ["crossrl", "crossrl", "rllib", "rllib", "torchrl", "torchrl"]
     for p in points:
         assert p["steps_per_s"]["median"] > 0, p
         assert p["cpus"]["cpu_us_per_step"] > 0, p
