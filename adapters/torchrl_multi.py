@@ -23,7 +23,6 @@ Checkpoints: every group's actor and critic weights, Adam state and gradient-ste
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ from typing import Any, ClassVar
 import torch
 from tensordict import TensorDict, TensorDictBase
 from tensordict.nn import TensorDictModule, TensorDictSequential
-from torch import nn
 from torchrl.data import Categorical as CategoricalSpec
 from torchrl.envs import Compose, EnvBase, PettingZooWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
 from torchrl.modules import MultiAgentMLP, ProbabilisticActor, ValueOperator
@@ -54,7 +52,7 @@ from crossrl.adapters.torchrl_algos import (
 )
 from crossrl.core.envs import make_parallel_env
 from crossrl.core.maths import mean_stats
-from crossrl.core.models import activation_class, count_params
+from crossrl.core.models import activation_class, count_params, init_linears_
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import EnvSpec, ModelSpec, Trial
 
@@ -228,10 +226,7 @@ def build_group_mlp(*, dims: GroupDims, out_dim: int, model: ModelSpec, out_gain
         activation_class=activation_class(model.activation),
     )
     stateful = net.get_stateful_net()
-    linears = [m for m in stateful.modules() if isinstance(m, nn.Linear)]
-    for i, layer in enumerate(linears):
-        nn.init.orthogonal_(layer.weight, gain=out_gain if i == len(linears) - 1 else math.sqrt(2.0))
-        nn.init.zeros_(layer.bias)
+    init_linears_(stateful, out_gain=out_gain)
     net.from_stateful_net(stateful)
     return net
 

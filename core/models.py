@@ -50,6 +50,15 @@ def _init(layer: nn.Linear, gain: float) -> nn.Linear:
     return layer
 
 
+def init_linears_(module: nn.Module, *, out_gain: float) -> nn.Module:
+    """Every Linear in ``module``, in order, initialised as :func:`build_mlp` initialises its layers: orthogonal,
+    gain sqrt(2) but ``out_gain`` on the last, biases zero (for MLPs built by another library: TorchRL's)."""
+    linears = [m for m in module.modules() if isinstance(m, nn.Linear)]
+    for i, layer in enumerate(linears):
+        _init(layer, out_gain if i == len(linears) - 1 else math.sqrt(2.0))
+    return module
+
+
 def init_convs_(module: nn.Module) -> nn.Module:
     """Every Conv2d in ``module`` orthogonal with gain sqrt(2), biases zero (as :func:`build_mlp`'s hidden layers)."""
     for layer in module.modules():

@@ -92,18 +92,11 @@ def actor_critic(trial: Trial) -> tuple[Any, Any, Any, Any]:
 
 
 def init_as_spec(mlp: Any, *, out_gain: float) -> Any:
-    """``mlp``'s linear layers initialised as ``core.models.build_mlp`` initialises the spec's network: orthogonal
-    weights, gain sqrt(2) on hidden layers and ``out_gain`` on the last (0.01 for policy logits, 1.0 for values),
-    zero biases."""
-    import math
+    """``mlp``'s linear layers initialised as the spec's network (``core.models.init_linears_``: orthogonal, gain
+    sqrt(2) on hidden layers and ``out_gain`` on the last, 0.01 for policy logits, 1.0 for values, zero biases)."""
+    from crossrl.core.models import init_linears_
 
-    import torch
-
-    linears = [m for m in mlp.modules() if isinstance(m, torch.nn.Linear)]
-    for i, layer in enumerate(linears):
-        torch.nn.init.orthogonal_(layer.weight, gain=out_gain if i == len(linears) - 1 else math.sqrt(2.0))
-        torch.nn.init.zeros_(layer.bias)
-    return mlp
+    return init_linears_(mlp, out_gain=out_gain)
 
 
 def episodes(data: Any) -> tuple[list[float], list[int]]:
