@@ -42,6 +42,7 @@ from crossrl.adapters.procs import UsageMeter
 from crossrl.adapters.signals import Interrupted, deferred_signals, held_signals
 from crossrl.adapters.trials import Carried, Progress, TrialRecorder, TrialResult, open_trial
 from crossrl.adapters.watch import TrialWatch, Verdict
+from crossrl.core.cluster import group_actor_pids
 from crossrl.core.envguard import WATCH_DIR_ENV, register_stacks
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
@@ -182,14 +183,10 @@ class _Usage(UsageMeter):
     def _group_pids(self) -> list[int]:
         if self.whole and time.monotonic() - self._pids_at > 10.0:
             self._pids_at = time.monotonic()
-            try:  # Ray's state API answers through the dashboard: a cluster started without one has none
-                from ray.util import get_current_placement_group
-                from ray.util.state import list_actors
-
-                group = get_current_placement_group()
-                if group is not None:
-                    actors = list_actors(filters=[("placement_group_id", "=", group.id.hex())], detail=True, timeout=5)
-                    self._pids = [int(a.pid) for a in actors if a.pid and a.state == "ALIVE"]
+            try:  # the GCS actor table: a private Ray API, so any failure means this process alone
+                pids = group_actor_pids()
+                if pids is not None:
+                    self._pids = pids
             except Exception:
                 self.whole = False
         return self._pids

@@ -96,6 +96,30 @@ def group_free_cpus() -> float | None:
     return float(ray.available_resources().get(f"CPU_group_{group.id.hex()}", 0.0))
 
 
+def group_actor_pids() -> list[int] | None:
+    """Process ids of the live actors on this node in the placement group this process runs in (the engine's
+    workers a trial started inside its group), or None outside one.
+
+    Read from the GCS actor table: Ray's state API (``ray.util.state.list_actors``) answers through the dashboard,
+    and on a cluster started without one its first call blocks about 40 s before it fails."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+    from ray.util import get_current_placement_group
+
+    group = get_current_placement_group()
+    if group is None:
+        return None
+    node = ray.NodeID.from_hex(ray.get_runtime_context().get_node_id()).binary()
+    rows = (
+        gcs_pb2.ActorTableData.FromString(raw)  # type: ignore[attr-defined]
+        for raw in state._connect_and_get_accessor().get_actor_table(None, "ALIVE")
+    )
+    return [
+        int(r.pid) for r in rows if r.placement_group_id == group.id.binary() and r.address.node_id == node and r.pid
+    ]
+
+
 def available_cpus() -> int:
     """CPUs the trial's workers may ask for: its placement group's free CPUs in a sweep, else the cluster's."""
     import ray

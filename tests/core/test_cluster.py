@@ -105,3 +105,39 @@ def test_disconnect_frees_cycles_first_and_lets_no_thread_collect_while_ray_shut
     assert churned.is_set()
     assert seen == {"cycle freed": True, "collecting": False, "collected meanwhile": False}
     assert gc.isenabled()  # back on afterwards
+
+
+def test_a_trial_finds_the_actors_of_its_placement_group_without_a_dashboard() -> None:
+    """The trial host's CPU and memory account reads its group's actors from the GCS actor table: the local cluster
+    has no dashboard, and Ray's state API blocked about 40 s on each trial's first sample before it failed."""
+    import os
+    import time
+
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def group_pids(self) -> tuple[list[int] | None, float]:
+            started = time.perf_counter()
+            pids = cluster.group_actor_pids()
+            return pids, time.perf_counter() - started
+
+    group = placement_group([{"CPU": 1}])
+    ray.get(group.ready())
+    try:
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_capture_child_tasks=True)
+        inside = [Probe.options(scheduling_strategy=strategy).remote() for _ in range(2)]  # type: ignore[attr-defined]
+        outside = Probe.remote()  # type: ignore[attr-defined]
+        pids = ray.get([a.pid.remote() for a in inside])
+        found, took = ray.get(inside[0].group_pids.remote())
+        assert sorted(found) == sorted(pids), (found, pids)
+        assert ray.get(outside.pid.remote()) not in found
+        assert took < 5.0
+        assert ray.get(outside.group_pids.remote())[0] is None  # outside any group
+        assert cluster.group_actor_pids() is None  # the driver
+    finally:
+        remove_placement_group(group)
