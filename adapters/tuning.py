@@ -172,7 +172,7 @@ def _trainable(
                     kind = msg.get("kind")
                     if kind == "point":
                         points.append((int(msg["step"]), msg["values"]))
-                    elif kind == "checkpoint" and pbt:
+                    elif kind == "checkpoint" and pbt and not _at_the_end(msg, trial):
                         report(False, checkpoint=str(msg["path"]))
                     final = final or kind in ("done", "error", "verdict")
             if final:
@@ -189,6 +189,13 @@ def _trainable(
         with contextlib.suppress(Exception):
             ray.kill(host)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _at_the_end(checkpoint: dict[str, Any], trial: Trial) -> bool:
+    """A checkpoint written as the member's training ends (its budget sampled, or the final one) is no decision point
+    for PBT: reported with its env step, synchronous PBT would pause the member there and start it again only to
+    end (two set-ups a member, the last exploit copying a finished member). It goes to Tune with the final result."""
+    return bool(checkpoint.get("final")) or int(checkpoint.get("env_step", 0)) >= trial.budget.env_steps
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -21,12 +21,15 @@ from crossrl.reports.store import ResultsStore
 CLI = [sys.executable, "-m", "crossrl.cli"]
 
 
-def _spec(tmp_path: Path, name: str, engine: str, search: dict[str, Any]) -> Path:
+ENGINES = ["crossrl", "rllib", "torchrl"]
+
+
+def _spec(tmp_path: Path, name: str, engines: list[str], search: dict[str, Any]) -> Path:
     spec = {
         "name": name,
         "env": {"id": "CartPole-v1"},
         "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 250, "minibatch": 125, "epochs": 1}},
-        "engines": [engine],
+        "engines": engines,
         "execution": {"workers": [1], "envs_per_worker": 2},
         "budget": {"env_steps": 500, "wall_seconds": 300},
         "search": {"space": {"lr": {"loguniform": [1e-4, 3e-3]}}, "tuning_seeds": [7], "test_seeds": [0], **search},
@@ -42,49 +45,6 @@ def _runs(store: ResultsStore, scenario: str, kind: str) -> list[Any]:
 
 
 @pytest.mark.integration
-@pytest.mark.system  # Ray Tune, 3 configurations and 2 test trials: about 4 min, `make test-system`
-def test_tune_searches_then_runs_the_best_configuration_and_the_own_setting_on_the_test_seeds(
-    results_dir: Path, tmp_path: Path
-) -> None:
-    spec = _spec(
-        tmp_path,
-        "tune-asha",
-        "crossrl",
-        {"scheduler": "asha", "configurations": 3, "env_steps": 1000, "asha": {"grace_env_steps": 250}},
-    )
-    out = subprocess.run(
-        [*CLI, "tune", str(spec), "--results-dir", str(results_dir)], capture_output=True, text=True, timeout=900
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert "Traceback" not in out.stderr
-    assert "crossrl: asha search, 3 configurations" in out.stdout and "on the test seeds 0" in out.stdout
-
-    store = ResultsStore(None, results_dir=results_dir)
-    [search] = _runs(store, "tune-asha", SEARCH_KIND)
-    assert search.data.tags["status"] == "FINISHED" and search.data.tags["search.scheduler"] == "asha"
-    configs = store.children(search)
-    assert sorted(r.data.tags["search.config"] for r in configs) == ["0", "1", "2"]
-    assert {r.data.tags["status"] for r in configs} == {"FINISHED"}
-    assert all(r.data.tags["seed"] == "7" and "env_steps_sampled" in r.data.metrics for r in configs)
-    best = json.loads(search.data.tags["search.best_config"])
-    chosen = next(r for r in configs if r.info.run_id == search.data.tags["search.best_run"])
-    assert float(chosen.data.params["hp.lr"]) == pytest.approx(best["lr"])
-
-    tuned = {r.data.tags["tuned.role"]: r for r in _runs(store, "tune-asha", TUNED_KIND)}
-    assert set(tuned) == {"shared", "tuned"}
-    assert tuned["tuned"].data.tags["tuned.searches"] == search.info.run_id
-    [trial] = store.children(tuned["tuned"])
-    assert trial.data.tags["seed"] == "0" and trial.data.tags["status"] == "FINISHED"
-    assert float(trial.data.params["hp.lr"]) == pytest.approx(best["lr"])
-    [own] = store.children(tuned["shared"])
-    assert float(own.data.params["hp.lr"]) == pytest.approx(3e-4)  # PPO's default: the spec's own setting
-    assert store.parent_runs("tune-asha") == []  # `crossrl report` and `--resume latest` see none of these
-
-    report = (results_dir / "reports" / "tune-asha" / "tuned.md").read_text()  # written at the end, for every engine
-    assert "| crossrl | " in report and "Sensitivity" in report and f"lr={best['lr']:.3g}" in report
-
-
-@pytest.mark.integration
 def test_tune_without_a_search_section_is_one_line(results_dir: Path) -> None:
     out = subprocess.run(
         [*CLI, "tune", "smoke", "--results-dir", str(results_dir)], capture_output=True, text=True, timeout=120
@@ -94,44 +54,106 @@ def test_tune_without_a_search_section_is_one_line(results_dir: Path) -> None:
     assert len(lines) == 1 and "no search section" in lines[0], lines
 
 
-# crossrl's core goes through the same launcher and sink path (its restores: tests/core/test_checkpoint.py, the resume
-# tests); PBT runs 4-7 min per engine here, so the engines whose restore differs are the ones run in CI.
-@pytest.mark.system
-@pytest.mark.parametrize("engine", ["rllib", "torchrl"])
-def test_pbt_members_copy_each_other_and_the_lineage_is_stored(engine: str, results_dir: Path, tmp_path: Path) -> None:
-    spec = _spec(
-        tmp_path,
-        f"tune-pbt-{engine}",
-        engine,
-        {
-            "scheduler": "pbt",
-            "configurations": 2,
-            "env_steps": 1000,
-            "pbt": {"interval_env_steps": 500, "quantile": 0.5},
-        },
-    )
+def _tune(spec: Path, results_dir: Path, *flags: str) -> str:
     out = subprocess.run(
-        [*CLI, "tune", str(spec), "--no-test", "--results-dir", str(results_dir)],
+        [*CLI, "tune", str(spec), "--results-dir", str(results_dir), *flags],
         capture_output=True,
         text=True,
-        timeout=1500,
+        timeout=900,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stderr
+    return out.stdout
+
+
+def _searches(store: ResultsStore, scenario: str) -> dict[str, Any]:
+    searches = {r.data.tags["search.engine"]: r for r in _runs(store, scenario, SEARCH_KIND)}
+    assert sorted(searches) == ENGINES
+    return searches
+
+
+# make test: one tiny search per scheduler, each on every engine (one `crossrl tune`: the engines' searches run one
+# after another on one local cluster). Measured on an idle machine: docs/tuning.md.
+@pytest.mark.integration
+def test_a_random_search_draws_the_same_configurations_for_every_engine(results_dir: Path, tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "tune-random", ENGINES, {"scheduler": "random", "configurations": 2, "env_steps": 500})
+    stdout = _tune(spec, results_dir, "--no-test")
     store = ResultsStore(None, results_dir=results_dir)
-    [search] = _runs(store, f"tune-pbt-{engine}", SEARCH_KIND)
-    members = {r.info.run_name: r for r in store.children(search)}
-    assert len(members) == 2 and {r.data.tags["status"] for r in members.values()} == {"FINISHED"}
-    # With two members and quantile 0.5, at every synchronous step the worse one copies the better one.
-    lineage = json.loads(store.artifact_bytes(search.info.run_id, LINEAGE_ARTIFACT))
-    assert lineage, "no member copied another"
-    for entry in lineage:
-        assert {entry["member"], entry["copied"]} == set(members) and entry["env_step"] >= 500
-        assert set(entry["values"]) == {"lr"} and 1e-4 <= entry["values"]["lr"] <= 3e-3
-        run = members[entry["member"]]
-        assert int(run.data.tags["pbt.exploits"]) >= 1 and "pbt.exploit.1" in run.data.tags
-    for run in members.values():  # one continuous curve per member, to its whole budget
-        steps = [m.step for m in store.client.get_metric_history(run.info.run_id, "env_steps_sampled")]
-        assert steps == sorted(steps) and steps[-1] >= 1000
+    drawn = {}
+    for engine, search in _searches(store, "tune-random").items():
+        assert f"{engine}: random search, 2 configurations" in stdout
+        assert search.data.tags["status"] == "FINISHED" and search.data.tags["search.scheduler"] == "random"
+        configs = store.children(search)
+        assert {r.data.tags["status"] for r in configs} == {"FINISHED"}
+        assert all(r.data.metrics["env_steps_sampled"] >= 500 and r.data.tags["seed"] == "7" for r in configs)
+        drawn[engine] = sorted(float(r.data.params["hp.lr"]) for r in configs)
+        assert float(search.data.tags["search.setup_s_median"]) > 0  # each trial's set-up is measured
+    assert drawn["crossrl"] == drawn["rllib"] == drawn["torchrl"] and len(set(drawn["crossrl"])) == 2
+    assert not _runs(store, "tune-random", TUNED_KIND)  # --no-test: no test-seed runs
+
+
+@pytest.mark.integration
+def test_asha_searches_then_the_best_configuration_and_the_own_setting_run_on_the_test_seeds(
+    results_dir: Path, tmp_path: Path
+) -> None:
+    search_section = {"scheduler": "asha", "configurations": 3, "env_steps": 1000, "asha": {"grace_env_steps": 250}}
+    spec = _spec(tmp_path, "tune-asha", ENGINES, search_section)
+    stdout = _tune(spec, results_dir)
+    assert "on the test seeds 0" in stdout
+    store = ResultsStore(None, results_dir=results_dir)
+    tuned_runs = _runs(store, "tune-asha", TUNED_KIND)
+    [shared] = [r for r in tuned_runs if r.data.tags["tuned.role"] == "shared"]  # the spec's own setting, every engine
+    own = {r.data.tags["engine"]: r for r in store.children(shared)}
+    tuned = {r.data.tags["tuned.searches"]: r for r in tuned_runs if r.data.tags["tuned.role"] == "tuned"}
+    report = (results_dir / "reports" / "tune-asha" / "tuned.md").read_text()  # written at the end
+    assert "Sensitivity" in report
+    for engine, search in _searches(store, "tune-asha").items():
+        assert f"{engine}: asha search, 3 configurations" in stdout
+        assert search.data.tags["status"] == "FINISHED" and search.data.tags["search.scheduler"] == "asha"
+        configs = store.children(search)
+        assert sorted(r.data.tags["search.config"] for r in configs) == ["0", "1", "2"]
+        assert {r.data.tags["status"] for r in configs} == {"FINISHED"}
+        assert all(r.data.tags["seed"] == "7" and "env_steps_sampled" in r.data.metrics for r in configs)
+        best = json.loads(search.data.tags["search.best_config"])
+        chosen = next(r for r in configs if r.info.run_id == search.data.tags["search.best_run"])
+        assert float(chosen.data.params["hp.lr"]) == pytest.approx(best["lr"])
+
+        [trial] = store.children(tuned[search.info.run_id])  # its best configuration on the test seed
+        assert trial.data.tags["engine"] == engine and trial.data.tags["seed"] == "0"
+        assert trial.data.tags["status"] == "FINISHED"
+        assert float(trial.data.params["hp.lr"]) == pytest.approx(best["lr"])
+        assert own[engine].data.tags["seed"] == "0" and own[engine].data.tags["status"] == "FINISHED"
+        assert float(own[engine].data.params["hp.lr"]) == pytest.approx(3e-4)  # PPO's default: the spec's own setting
+        assert f"| {engine} | " in report and f"lr={best['lr']:.3g}" in report
+    assert store.parent_runs("tune-asha") == []  # `crossrl report` and `--resume latest` see none of these
+
+
+@pytest.mark.integration
+def test_pbt_members_copy_each_other_and_the_lineage_is_stored(results_dir: Path, tmp_path: Path) -> None:
+    search_section = {
+        "scheduler": "pbt",
+        "configurations": 2,
+        "env_steps": 1000,
+        "pbt": {"interval_env_steps": 500, "quantile": 0.5},
+    }
+    spec = _spec(tmp_path, "tune-pbt", ENGINES, search_section)
+    _tune(spec, results_dir, "--no-test")
+    store = ResultsStore(None, results_dir=results_dir)
+    for engine, search in _searches(store, "tune-pbt").items():
+        members = {r.info.run_name: r for r in store.children(search)}
+        assert len(members) == 2 and {r.data.tags["status"] for r in members.values()} == {"FINISHED"}, engine
+        # With two members and quantile 0.5, at the synchronous step (500; 1,000 ends the budget) the worse copies
+        # the better.
+        lineage = json.loads(store.artifact_bytes(search.info.run_id, LINEAGE_ARTIFACT))
+        assert len(lineage) == 1, (engine, lineage)
+        for entry in lineage:
+            assert {entry["member"], entry["copied"]} == set(members) and entry["env_step"] >= 500
+            assert set(entry["values"]) == {"lr"} and 1e-4 <= entry["values"]["lr"] <= 3e-3
+            run = members[entry["member"]]
+            assert int(run.data.tags["pbt.exploits"]) == 1 and "pbt.exploit.1" in run.data.tags
+        for run in members.values():  # one continuous curve per member, to its whole budget
+            steps = [m.step for m in store.client.get_metric_history(run.info.run_id, "env_steps_sampled")]
+            assert steps == sorted(steps) and steps[-1] >= 1000
 
 
 @pytest.mark.system
@@ -145,7 +167,7 @@ def test_a_search_stopped_by_sigterm_is_resumed_and_completed(results_dir: Path,
 
     # 10,000 env steps: crossrl's core trains 2,500 in about a second on an idle machine, so a smaller budget could
     # end before the SIGTERM lands
-    spec = _spec(tmp_path, "tune-resume", "crossrl", {"scheduler": "random", "configurations": 2, "env_steps": 10000})
+    spec = _spec(tmp_path, "tune-resume", ["crossrl"], {"scheduler": "random", "configurations": 2, "env_steps": 10000})
     raw = yaml.safe_load(spec.read_text())
     raw["checkpoint"] = {"every_env_steps": 500, "keep": 3}
     spec.write_text(yaml.safe_dump(raw))
