@@ -52,7 +52,7 @@ def engine_colours(engines: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _to_svg(fig: MplFigure, key: str) -> str:
+def to_svg(fig: MplFigure, key: str) -> str:
     """The figure as an ``<svg>`` element fit to inline (no XML prologue, ids unique to this figure)."""
     buf = io.StringIO()
     with matplotlib.rc_context({**RC, "svg.hashsalt": key}):
@@ -66,7 +66,7 @@ def _to_svg(fig: MplFigure, key: str) -> str:
     return svg.replace("<svg ", f'<svg role="img" aria-label="{key}" ', 1)
 
 
-def _new(
+def new_figure(
     panels: int = 1, *, width: float | None = None, height: float = _PANEL_H, left: float = 0.75, max_cols: int = 3
 ) -> tuple[MplFigure, list[Axes]]:
     """A figure of ``panels`` panels sharing y, ``max_cols`` to a row (unused cells hidden).
@@ -102,7 +102,7 @@ def _engines(*frames: pd.DataFrame) -> list[str]:
 def _curves(stats: ReportStats, curves: pd.DataFrame, *, key: str, xlabel: str, x_eng: bool) -> Figure:
     workers = sorted({int(w) for w in curves["workers"]}) if len(curves) else [0]
     colours = engine_colours(_engines(stats.final_return, curves))
-    fig, axes = _new(len(workers))
+    fig, axes = new_figure(len(workers))
     with matplotlib.rc_context(RC):
         for ax, w in zip(axes, workers, strict=True):
             sub = curves[curves["workers"] == w] if len(curves) else curves
@@ -124,12 +124,12 @@ def _curves(stats: ReportStats, curves: pd.DataFrame, *, key: str, xlabel: str, 
             ax.grid(alpha=0.3)
             ax.legend(loc="lower right", fontsize=8, frameon=False)
         axes[0].set_ylabel("episode return (mean of episodes)")
-    return Figure(key=key, title="", caption="", svg=_to_svg(fig, key))
+    return Figure(key=key, title="", caption="", svg=to_svg(fig, key))
 
 
 def _throughput(stats: ReportStats) -> Figure:
     thr = stats.throughput.dropna(subset=["median"])
-    fig, (ax,) = _new(1, width=max(_PANEL_W, 1.6 + 1.4 * max(1, thr["workers"].nunique())))
+    fig, (ax,) = new_figure(1, width=max(_PANEL_W, 1.6 + 1.4 * max(1, thr["workers"].nunique())))
     with matplotlib.rc_context(RC):
         if thr.empty:
             _no_data(ax, "no finished trial logged a throughput")
@@ -152,12 +152,12 @@ def _throughput(stats: ReportStats) -> Figure:
         ax.set_ylabel("sampling throughput (env steps/s)")
         ax.yaxis.set_major_formatter(EngFormatter(sep=""))
         ax.grid(axis="y", alpha=0.3)
-    return Figure(key="throughput", title="", caption="", svg=_to_svg(fig, "throughput"))
+    return Figure(key="throughput", title="", caption="", svg=to_svg(fig, "throughput"))
 
 
 def _scaling(stats: ReportStats) -> Figure:
     sc = stats.scaling
-    fig, (ax,) = _new(1)
+    fig, (ax,) = new_figure(1)
     with matplotlib.rc_context(RC):
         if sc.empty:
             _no_data(ax, "no finished trial logged a throughput")
@@ -186,13 +186,13 @@ def _scaling(stats: ReportStats) -> Figure:
         ax.set_ylabel("sampling throughput (env steps/s)")
         ax.yaxis.set_major_formatter(EngFormatter(sep=""))
         ax.grid(alpha=0.3)
-    return Figure(key="scaling", title="", caption="", svg=_to_svg(fig, "scaling"))
+    return Figure(key="scaling", title="", caption="", svg=to_svg(fig, "scaling"))
 
 
 def _time_to_target(stats: ReportStats) -> Figure:
     tt = stats.time_to_target
     rows = list(tt.itertuples(index=False))
-    fig, axes = _new(2, width=2 * _PANEL_W, height=max(2.2, 0.9 + 0.3 * len(rows)), left=1.0)
+    fig, axes = new_figure(2, width=2 * _PANEL_W, height=max(2.2, 0.9 + 0.3 * len(rows)), left=1.0)
     colours = engine_colours(tt["engine"].unique())
     labels = [f"{r.engine}, {r.workers}w" for r in rows]
     y = np.arange(len(rows))[::-1]
@@ -223,7 +223,7 @@ def _time_to_target(stats: ReportStats) -> Figure:
             if med_col == "median_steps":
                 ax.xaxis.set_major_formatter(EngFormatter(sep=""))
             ax.grid(axis="x", alpha=0.3)
-    return Figure(key="time-to-target", title="", caption="", svg=_to_svg(fig, "time-to-target"))
+    return Figure(key="time-to-target", title="", caption="", svg=to_svg(fig, "time-to-target"))
 
 
 def make_figures(stats: ReportStats) -> list[Figure]:

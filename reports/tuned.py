@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import EngFormatter
 
+from crossrl.reports.figures import FALLBACK_COLOURS, RC, engine_colours, new_figure, to_svg
 from crossrl.reports.stats import (
     engine_sort_key,
     iqm,
@@ -44,6 +47,13 @@ class TunedData:
     searches: pd.DataFrame  # engine, parent_id, scheduler, metric, best_config, env_steps, wall_s, setup_s
     lineage: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # engine -> PBT's exploits
     shared_id: str = ""  # the parent run of the own setting's test-seed trials
+    curves: pd.DataFrame = field(default_factory=pd.DataFrame)  # PBT members: engine, member, step, value
+
+    @property
+    def metric(self) -> str:
+        """The searches' metric (``final_return`` or ``steps_to_target``): the same for every engine's search."""
+        found = {str(m) for m in self.searches.get("metric", [])} - {""}
+        return found.pop() if len(found) == 1 else "final_return"
 
 
 def load_tuned(store: Any, scenario: str) -> TunedData:
@@ -65,6 +75,7 @@ def load_tuned(store: Any, scenario: str) -> TunedData:
     search_ids = [s for s in shared.data.tags.get("tuned.searches", "").split(",") if s]
     configs, tested, searches = [], [], []
     lineage: dict[str, list[dict[str, Any]]] = {}
+    curves: list[dict[str, Any]] = []
     for sid in search_ids:
         parent = store.parent_run(sid)
         tags = parent.data.tags
@@ -105,6 +116,12 @@ def load_tuned(store: Any, scenario: str) -> TunedData:
                 lineage[engine] = json.loads(store.artifact_bytes(sid, LINEAGE_ARTIFACT))
             except Exception:
                 lineage[engine] = []
+            for run in store.children(parent):  # the population's curves
+                history = store.client.get_metric_history(run.info.run_id, M.EPISODE_RETURN_MEAN)
+                curves += [
+                    {"engine": engine, "member": str(run.info.run_name), "step": int(h.step), "value": float(h.value)}
+                    for h in sorted(history, key=lambda h: h.step)
+                ]
     chosen = [
         r for r in tuned if r.data.tags.get("tuned.role") == "tuned" and r.data.tags.get("tuned.searches") in search_ids
     ]
@@ -120,6 +137,7 @@ def load_tuned(store: Any, scenario: str) -> TunedData:
                     "status": t.get("status", ""),
                     "final": m.get(M.FINAL_RETURN_MEAN, math.nan),
                     "steps_to_target": m.get(M.STEPS_TO_TARGET, math.nan),
+                    "budget": _num(t.get("budget_env_steps")),
                 }
             )
     return TunedData(
@@ -129,6 +147,7 @@ def load_tuned(store: Any, scenario: str) -> TunedData:
         searches=pd.DataFrame(searches),
         lineage=lineage,
         shared_id=str(shared.info.run_id),
+        curves=pd.DataFrame(curves),
     )
 
 
@@ -152,13 +171,27 @@ def _iqm_ci(values: Sequence[float], rng: np.random.Generator) -> tuple[float, f
     return (float(iqm(vals)), lo, hi, int(vals.size))
 
 
+def steps_needed(trials: pd.DataFrame) -> list[float]:
+    """Env steps to the target per trial, a trial that did not reach it counted at its budget: a lower bound, so an
+    IQM over them understates what an engine that often misses the target needs (the reached count says how often)."""
+    out = []
+    for r in trials.to_dict("records"):
+        steps, budget = float(r.get("steps_to_target", math.nan)), float(r.get("budget", math.nan))
+        if math.isfinite(steps):
+            out.append(steps)
+        elif math.isfinite(budget) and r.get("status") == M.FINISHED:
+            out.append(budget)
+    return out
+
+
 def verdict_table(data: TunedData, *, rng: np.random.Generator) -> pd.DataFrame:
     """Per engine, on the test seeds: the own setting and the tuned one (final return IQM and CI, target reached,
-    median env steps to target) and P(tuned > own) on final returns with its CI."""
+    median env steps to target, env steps to target IQM and CI with misses at the budget) and P(tuned > own) on final
+    returns and on env steps to the target (fewer is better), each with its CI."""
     rows = []
     for engine in _engines(data):
         row: dict[str, Any] = {"engine": engine}
-        finals = {}
+        finals, needed = {}, {}
         for role in ("shared", "tuned"):
             part = (
                 data.tested[(data.tested.engine == engine) & (data.tested.role == role)]
@@ -171,33 +204,41 @@ def verdict_table(data: TunedData, *, rng: np.random.Generator) -> pd.DataFrame:
             steps = [float(x) for x in part.get("steps_to_target", []) if math.isfinite(float(x))]
             row[f"{role}_reached"] = len(steps)
             row[f"{role}_steps_median"] = float(np.median(steps)) if steps else math.nan
+            needed[role] = steps_needed(part)
+            mid, lo, hi, _ = _iqm_ci(needed[role], rng)
+            row |= {f"{role}_steps_iqm": mid, f"{role}_steps_lo": lo, f"{role}_steps_hi": hi}
         tuned, own = [x for x in finals["tuned"] if math.isfinite(x)], [x for x in finals["shared"] if math.isfinite(x)]
         row["p_tuned_better"] = probability_of_improvement(tuned, own) if tuned and own else math.nan
         lo, hi = probability_of_improvement_ci(tuned, own, rng=rng) if tuned and own else (math.nan, math.nan)
         row |= {"p_lo": lo, "p_hi": hi}
+        # fewer env steps is better: P(tuned needs fewer than own) is P(-tuned > -own)
+        fewer_t, fewer_o = [-x for x in needed["tuned"]], [-x for x in needed["shared"]]
+        both = bool(fewer_t and fewer_o)
+        row["p_fewer_steps"] = probability_of_improvement(fewer_t, fewer_o) if both else math.nan
+        lo, hi = probability_of_improvement_ci(fewer_t, fewer_o, rng=rng) if both else (math.nan, math.nan)
+        row |= {"p_fewer_lo": lo, "p_fewer_hi": hi}
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def improvement_between_engines(data: TunedData, *, rng: np.random.Generator) -> pd.DataFrame:
-    """P(X > Y) between every pair of engines at their tuned best, on the test seeds' final returns."""
+    """P(X > Y) between every pair of engines at their tuned best, on the test seeds: on final returns, or under a
+    ``steps_to_target`` search on env steps to the target (P(X needs fewer than Y); misses at the budget)."""
     engines = _engines(data)
-    finals = (
-        {
-            e: [
-                float(x)
-                for x in data.tested[(data.tested.engine == e) & (data.tested.role == "tuned")].get("final", [])
-            ]
-            for e in engines
-        }
-        if not data.tested.empty
-        else {}
-    )
+    by_steps = data.metric == "steps_to_target"
+    scores: dict[str, list[float]] = {}
+    for e in engines:
+        part = data.tested[(data.tested.engine == e) & (data.tested.role == "tuned")] if not data.tested.empty else None
+        if part is None:
+            scores[e] = []
+        elif by_steps:
+            scores[e] = [-x for x in steps_needed(part)]
+        else:
+            scores[e] = [float(x) for x in part.get("final", []) if math.isfinite(float(x))]
     rows = []
     for i, x in enumerate(engines):
         for y in engines[i + 1 :]:
-            a = [v for v in finals.get(x, []) if math.isfinite(v)]
-            b = [v for v in finals.get(y, []) if math.isfinite(v)]
+            a, b = scores[x], scores[y]
             p = probability_of_improvement(a, b) if a and b else math.nan
             lo, hi = probability_of_improvement_ci(a, b, rng=rng) if a and b else (math.nan, math.nan)
             rows.append({"x": x, "y": y, "p": p, "lo": lo, "hi": hi, "n_x": len(a), "n_y": len(b)})
@@ -205,15 +246,24 @@ def improvement_between_engines(data: TunedData, *, rng: np.random.Generator) ->
 
 
 def sensitivity_table(data: TunedData) -> pd.DataFrame:
-    """Per engine: configurations searched, how many ran their whole budget, the best final return among those, and how
-    many come within 10 % of it (of the best's distance above the worst: returns may be negative)."""
+    """Per engine: configurations searched, how many ran their whole budget, and among those the best and worst by the
+    search's metric and how many come within 10 % of the best: final return (of the best's magnitude: returns may be
+    negative), or env steps to the target (at most 1.1 x the fewest; a configuration that missed it is not near)."""
     rows = []
+    by_steps = data.metric == "steps_to_target"
     for engine in _engines(data):
         part = data.configs[data.configs.engine == engine] if not data.configs.empty else data.configs
         whole = part[(part.status == "FINISHED") & ~part.stopped] if not part.empty else part
-        finals = np.asarray([float(x) for x in whole.get("final", []) if math.isfinite(float(x))], dtype=float)
-        best = float(finals.max()) if finals.size else math.nan
-        near = near_best(finals)
+        key = "steps_to_target" if by_steps else "final"
+        values = np.asarray([float(x) for x in whole.get(key, []) if math.isfinite(float(x))], dtype=float)
+        if by_steps:
+            best = float(values.min()) if values.size else math.nan
+            worst = float(values.max()) if values.size else math.nan
+            near = int(np.sum(values <= best * (1 + NEAR_BEST))) if values.size else 0
+        else:
+            best = float(values.max()) if values.size else math.nan
+            worst = float(values.min()) if values.size else math.nan
+            near = near_best(values)
         rows.append(
             {
                 "engine": engine,
@@ -222,7 +272,7 @@ def sensitivity_table(data: TunedData) -> pd.DataFrame:
                 "stopped": int(part.stopped.sum()) if not part.empty else 0,
                 "failed": int((part.status != "FINISHED").sum()) if not part.empty else 0,
                 "best": best,
-                "worst": float(finals.min()) if finals.size else math.nan,
+                "worst": worst,
                 "near_best": near,
             }
         )
@@ -275,8 +325,9 @@ def _ci(mid: float, lo: float, hi: float, n: int, fmt: str = ".1f") -> str:
     return f"{_f(mid, fmt)}{ci} (n={n})"
 
 
-def markdown(data: TunedData, *, rng: np.random.Generator | None = None) -> str:
-    """The tuned report as Markdown: four tables, each with what it says."""
+def markdown(data: TunedData, *, rng: np.random.Generator | None = None, figures: dict[str, str] | None = None) -> str:
+    """The tuned report as Markdown: four tables (five under a ``steps_to_target`` search), each with what it says,
+    then the ``figures`` (file name -> title) beside it."""
     rng = rng or np.random.default_rng(0)
     lines = [f"# {data.scenario}: tuned", ""]
     v = verdict_table(data, rng=rng)
@@ -296,11 +347,33 @@ def markdown(data: TunedData, *, rng: np.random.Generator | None = None) -> str:
             f"{r.shared_reached}/{r.shared_n}, {_f(r.shared_steps_median, ',.0f')} | "
             f"{r.tuned_reached}/{r.tuned_n}, {_f(r.tuned_steps_median, ',.0f')} |"
         )
+    by_steps = data.metric == "steps_to_target"
+    if by_steps:
+        lines += [
+            "",
+            "## Env steps to the target, on the test seeds",
+            "",
+            "The search's metric. IQM [95 % stratified bootstrap CI] of the env steps to the target, a seed that missed "
+            "it counted at its budget (a lower bound: the reached columns above say how often). P(tuned fewer): the "
+            "probability that the tuned setting needs fewer env steps than the own one.",
+            "",
+            "| engine | own | tuned | P(tuned fewer) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r.engine} | {_ci(r.shared_steps_iqm, r.shared_steps_lo, r.shared_steps_hi, r.shared_n, ',.0f')} | "
+            f"{_ci(r.tuned_steps_iqm, r.tuned_steps_lo, r.tuned_steps_hi, r.tuned_n, ',.0f')} | "
+            f"{_f(r.p_fewer_steps, '.2f')} [{_f(r.p_fewer_lo, '.2f')}, {_f(r.p_fewer_hi, '.2f')}] |"
+            for r in v.itertuples()
+        ]
     pairs = improvement_between_engines(data, rng=rng)
     if not pairs.empty:
+        measure = "fewer env steps to the target" if by_steps else "higher final return"
         lines += [
             "",
             "## Engines against each other, each at its tuned best",
+            "",
+            f"P(X > Y): the probability that X does better than Y on a test seed ({measure}).",
             "",
             "| X | Y | P(X > Y) [95 % CI] |",
             "|---|---|---|",
@@ -326,25 +399,121 @@ def markdown(data: TunedData, *, rng: np.random.Generator | None = None) -> str:
         "",
         "## Sensitivity: how much the setting matters",
         "",
-        f"Final return of the configurations that ran their whole budget; near best: within {NEAR_BEST:.0%} of the "
-        "best's magnitude. Many near the best: the engine is robust to its setting; one: the verdict rests on finding it.",
+        (
+            "Env steps to the target of the configurations that ran their whole budget (reached it, or not: then "
+            f"not near); near best: at most {1 + NEAR_BEST:.1f} x the fewest."
+            if by_steps
+            else f"Final return of the configurations that ran their whole budget; near best: within {NEAR_BEST:.0%} "
+            "of the best's magnitude."
+        )
+        + " Many near the best: the engine is robust to its setting; one: the verdict rests on finding it.",
         "",
         "| engine | configurations | whole budget | stopped early | failed | best | worst | near best |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    fmt = ",.0f" if by_steps else ".1f"
     lines += [
-        f"| {r.engine} | {r.configurations} | {r.whole_budget} | {r.stopped} | {r.failed} | {_f(r.best, '.1f')} | "
-        f"{_f(r.worst, '.1f')} | {r.near_best}/{r.whole_budget} |"
+        f"| {r.engine} | {r.configurations} | {r.whole_budget} | {r.stopped} | {r.failed} | {_f(r.best, fmt)} | "
+        f"{_f(r.worst, fmt)} | {r.near_best}/{r.whole_budget} |"
         for r in s.itertuples()
     ]
+    for name, title in (figures or {}).items():
+        lines += ["", f"![{title}]({name})"]
     return "\n".join(lines) + "\n"
 
 
+def sensitivity_figure(data: TunedData) -> str:
+    """Every searched configuration's metric, a column per engine: filled ran its whole budget, hollow stopped early
+    by the scheduler, a cross missed the target (drawn at the top); the band is within 10 % of the engine's best."""
+    by_steps = data.metric == "steps_to_target"
+    engines = _engines(data)
+    colours = engine_colours(engines)
+    fig, [ax] = new_figure(1, width=1.6 + 1.4 * max(1, len(engines)))
+    rng = np.random.default_rng(0)
+    top = 0.0
+    if by_steps and not data.configs.empty:
+        top = float(np.nanmax([*data.configs.get("env_steps", [0.0]), 0.0]))
+    with matplotlib.rc_context(RC):
+        for i, engine in enumerate(engines):
+            part = data.configs[data.configs.engine == engine] if not data.configs.empty else data.configs
+            if part.empty:
+                continue
+            x = i + rng.uniform(-0.18, 0.18, size=len(part))
+            y = np.asarray(part["steps_to_target" if by_steps else "final"], dtype=float)
+            stopped = np.asarray(part["stopped"], dtype=bool)
+            missed = ~np.isfinite(y)
+            c = colours[engine]
+            ax.scatter(x[~stopped & ~missed], y[~stopped & ~missed], color=c, s=22, zorder=3)
+            ax.scatter(x[stopped & ~missed], y[stopped & ~missed], facecolor="none", edgecolor=c, s=22, zorder=3)
+            if by_steps and missed.any():
+                ax.scatter(x[missed], np.full(missed.sum(), top), marker="x", color=c, s=22, zorder=3)
+            row = sensitivity_table(data).set_index("engine").loc[engine]
+            if math.isfinite(row.best):
+                lo, hi = (
+                    (row.best, row.best * (1 + NEAR_BEST))
+                    if by_steps
+                    else (row.best - NEAR_BEST * abs(row.best), row.best)
+                )
+                ax.fill_between([i - 0.3, i + 0.3], lo, hi, color=c, alpha=0.15, lw=0)
+        ax.set_xticks(range(len(engines)), engines)
+        ax.set_xlim(-0.6, len(engines) - 0.4)
+        ax.set_ylabel("env steps to the target (x: missed)" if by_steps else "final return")
+        ax.grid(axis="y", alpha=0.3)
+    return to_svg(fig, "tuned-sensitivity")
+
+
+def pbt_figure(data: TunedData) -> str | None:
+    """The PBT population's curves, a panel per engine: each member's return against env steps, a dot where it copied
+    another member (PBT's exploit), labelled with the member it copied. None without a PBT search."""
+    if data.curves.empty:
+        return None
+    engines = [e for e in _engines(data) if e in set(data.curves.engine)]
+    fig, axes = new_figure(len(engines))
+    with matplotlib.rc_context(RC):
+        for ax, engine in zip(axes, engines, strict=True):
+            part = data.curves[data.curves.engine == engine]
+            members = sorted(part.member.unique())
+            palette = FALLBACK_COLOURS + tuple(engine_colours(["crossrl", "rllib", "torchrl"]).values())
+            colour = {m: palette[i % len(palette)] for i, m in enumerate(members)}
+            for m in members:
+                c = part[part.member == m]
+                ax.plot(c.step, c.value, color=colour[m], lw=1.2, label=m.rsplit("-", 1)[-1])
+            for entry in data.lineage.get(engine, []):
+                c = part[(part.member == entry["member"]) & (part.step >= int(entry["env_step"]))]
+                if not c.empty:
+                    ax.plot(c.step.iloc[0], c.value.iloc[0], "o", color=colour.get(entry["member"], "#000"), ms=4)
+                    ax.annotate(
+                        f"<- {str(entry['copied']).rsplit('-', 1)[-1]}",
+                        (c.step.iloc[0], c.value.iloc[0]),
+                        fontsize=7,
+                        xytext=(3, -8),
+                        textcoords="offset points",
+                    )
+            ax.set_title(engine)
+            ax.set_xlabel("env steps")
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+            ax.grid(alpha=0.3)
+            ax.legend(loc="upper left", fontsize=7, frameon=False)
+        axes[0].set_ylabel("episode return (mean of episodes)")
+    return to_svg(fig, "tuned-pbt")
+
+
 def write_report(store: Any, scenario: str, out_dir: Path) -> Path:
-    """``tuned.md`` for the newest `crossrl tune` of ``scenario`` in ``out_dir``, also logged to its own-setting run."""
+    """``tuned.md`` for the newest `crossrl tune` of ``scenario`` in ``out_dir`` with its figures (SVG files beside it),
+    also logged to its own-setting run."""
     data = load_tuned(store, scenario)
     out_dir.mkdir(parents=True, exist_ok=True)
+    drawn = {
+        "tuned-sensitivity.svg": ("Each searched configuration's metric, per engine", sensitivity_figure(data)),
+        "tuned-pbt.svg": ("The PBT population: each member's return, a dot where it copied another", pbt_figure(data)),
+    }
+    figures = {}
+    for name, (title, svg) in drawn.items():
+        if svg is not None:
+            (out_dir / name).write_text(svg)
+            figures[name] = title
     path = out_dir / "tuned.md"
-    path.write_text(markdown(data))
-    store.log_file(data.shared_id, path, "report")
+    path.write_text(markdown(data, figures=figures))
+    for name in [*figures, path.name]:
+        store.log_file(data.shared_id, out_dir / name, "report")
     return path

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from crossrl.reports.tuned import (
     TunedData,
@@ -14,7 +15,10 @@ from crossrl.reports.tuned import (
     improvement_between_engines,
     markdown,
     near_best,
+    pbt_figure,
+    sensitivity_figure,
     sensitivity_table,
+    steps_needed,
     verdict_table,
 )
 
@@ -115,3 +119,54 @@ def test_the_markdown_has_every_table_and_the_cost() -> None:
     assert "| rllib | asha | lr=0.0001 | 306,250 | 400 | 900 | 15.0 | 0 |" in md
     c = cost_table(_data()).set_index("engine")
     assert c.loc["rllib", "cpu_s"] == 400.0
+
+
+def _by_steps() -> TunedData:
+    """The same records under a steps_to_target search: crossrl's tuned seeds reach the target in 40,000-40,004 env
+    steps, its own seeds miss it (counted at the 100,000-step budget); rllib's tuned seed 0 misses it."""
+    data = _data()
+    data.searches["metric"] = "steps_to_target"
+    data.tested["budget"] = 100_000.0
+    data.configs["steps_to_target"] = [30_000.0, 32_000.0, np.nan, np.nan, 60_000.0, 90_000.0, np.nan, np.nan]
+    return data
+
+
+def test_a_steps_to_target_search_compares_env_steps_with_misses_at_the_budget() -> None:
+    data = _by_steps()
+    assert data.metric == "steps_to_target"
+    part = data.tested[(data.tested.engine == "rllib") & (data.tested.role == "tuned")]
+    assert steps_needed(part) == [100_000.0, 40_001.0, 40_002.0, 40_003.0, 40_004.0]  # seed 0 missed: its budget
+    v = verdict_table(data, rng=np.random.default_rng(0)).set_index("engine")
+    assert v.loc["crossrl", "shared_steps_iqm"] == 100_000.0 and v.loc["crossrl", "tuned_steps_iqm"] == 40_002.0
+    assert v.loc["crossrl", "p_fewer_steps"] == 1.0  # every tuned seed needs fewer than every own one
+    [pair] = improvement_between_engines(data, rng=np.random.default_rng(0)).to_dict("records")
+    # P(crossrl needs fewer than rllib): rllib's seed 0 missed; its others tie or beat crossrl's by a step or two
+    assert (pair["x"], pair["y"]) == ("crossrl", "rllib") and pair["p"] == pytest.approx(17 / 25)
+    s = sensitivity_table(data).set_index("engine")
+    assert s.loc["crossrl", "best"] == 30_000.0 and s.loc["crossrl", "near_best"] == 2  # 32,000 <= 33,000
+    assert s.loc["rllib", "best"] == 60_000.0 and s.loc["rllib", "near_best"] == 1  # 90,000 is not; misses are not
+    md = markdown(data)
+    assert "## Env steps to the target, on the test seeds" in md and "| crossrl | 100,000 [" in md
+    assert "fewer env steps to the target" in md
+    assert "Env steps to the target" not in markdown(_data())  # a final-return search has no such table
+
+
+def test_the_report_draws_the_sensitivity_and_the_pbt_population() -> None:
+    data = _by_steps()
+    svg = sensitivity_figure(data)
+    assert svg.startswith("<svg") and "crossrl" in svg and "rllib" in svg
+    assert pbt_figure(data) is None  # no PBT search
+    data.curves = pd.DataFrame(
+        [
+            {"engine": "rllib", "member": f"rllib-ppo-w2-s7-c0{m}", "step": step, "value": float(step * (m + 1))}
+            for m in range(2)
+            for step in (500, 1000)
+        ]
+    )
+    data.lineage = {
+        "rllib": [{"member": "rllib-ppo-w2-s7-c00", "copied": "rllib-ppo-w2-s7-c01", "env_step": 500, "values": {}}]
+    }
+    svg = pbt_figure(data)
+    assert svg is not None and "c00" in svg and "c01" in svg and "&lt;- c01" in svg  # the exploit, labelled
+    md = markdown(data, figures={"tuned-pbt.svg": "the population"})
+    assert md.rstrip().endswith("![the population](tuned-pbt.svg)")
