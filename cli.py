@@ -528,7 +528,7 @@ def tune(
     if outcome.interrupted:
         stops = [r.stop_signal for r in [outcome.shared, *outcome.tuned.values()] if r is not None and r.stop_signal]
         raise typer.Exit(Interrupted(stops[0] if stops else signal.SIGINT).exit_code)
-    if outcome.shared is not None or (resume and not no_test):
+    if outcome.searches:  # with --no-test, the searches' own tables and figures
         from crossrl.reports.tuned import write_report
 
         try:

@@ -70,9 +70,12 @@ def load_tuned(store: Any, scenario: str) -> TunedData:
         )
     )
     shared = next((r for r in tuned if r.data.tags.get("tuned.role") == "shared"), None)
-    if shared is None:
-        raise StoreError(f"no `crossrl tune {scenario}` with test-seed runs in {store.uri}")
-    search_ids = [s for s in shared.data.tags.get("tuned.searches", "").split(",") if s]
+    search_ids = [s for s in shared.data.tags.get("tuned.searches", "").split(",") if s] if shared is not None else []
+    latest = _latest_searches(store, exp)
+    if latest and not set(latest) <= set(search_ids):  # a newer `crossrl tune --no-test`: its searches alone
+        shared, search_ids = None, latest
+    if not search_ids:
+        raise StoreError(f"no `crossrl tune {scenario}` in {store.uri}")
     configs, tested, searches = [], [], []
     lineage: dict[str, list[dict[str, Any]]] = {}
     curves: list[dict[str, Any]] = []
@@ -125,7 +128,7 @@ def load_tuned(store: Any, scenario: str) -> TunedData:
     chosen = [
         r for r in tuned if r.data.tags.get("tuned.role") == "tuned" and r.data.tags.get("tuned.searches") in search_ids
     ]
-    for parent in [shared, *chosen]:
+    for parent in [shared, *chosen] if shared is not None else []:
         role = parent.data.tags.get("tuned.role", "")
         for run in store.children(parent):
             t, m = run.data.tags, run.data.metrics
@@ -146,9 +149,27 @@ def load_tuned(store: Any, scenario: str) -> TunedData:
         tested=pd.DataFrame(tested),
         searches=pd.DataFrame(searches),
         lineage=lineage,
-        shared_id=str(shared.info.run_id),
+        shared_id=str(shared.info.run_id) if shared is not None else search_ids[0],
         curves=pd.DataFrame(curves),
     )
+
+
+def _latest_searches(store: Any, exp: str) -> list[str]:
+    """The search parent runs of the newest `crossrl tune` of the experiment (one invocation's searches share the
+    journal key before its ``/``), in the order they ran."""
+    runs = list(
+        store.client.search_runs(
+            [exp], filter_string=f"tags.`crossrl.kind` = '{SEARCH_KIND}'", order_by=["attributes.start_time DESC"]
+        )
+    )
+    if not runs:
+        return []
+
+    def invocation(run: Any) -> str:
+        return str(run.data.tags.get("crossrl.journal_key", run.info.run_id)).split("/", 1)[0]
+
+    newest = invocation(runs[0])
+    return [r.info.run_id for r in reversed(runs) if invocation(r) == newest]
 
 
 def _num(x: Any) -> float:
@@ -329,58 +350,12 @@ def markdown(data: TunedData, *, rng: np.random.Generator | None = None, figures
     """The tuned report as Markdown: four tables (five under a ``steps_to_target`` search), each with what it says,
     then the ``figures`` (file name -> title) beside it."""
     rng = rng or np.random.default_rng(0)
-    lines = [f"# {data.scenario}: tuned", ""]
-    v = verdict_table(data, rng=rng)
-    lines += [
-        "## Own setting against tuned, on the test seeds",
-        "",
-        "Final return: IQM [95 % stratified bootstrap CI] (seeds). P(tuned > own): probability of improvement on "
-        "the final returns. Reached: test seeds that reached the target; steps: their median env steps to it.",
-        "",
-        "| engine | own | tuned | P(tuned > own) | own reached, steps | tuned reached, steps |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in v.itertuples():
-        lines.append(
-            f"| {r.engine} | {_ci(r.shared_iqm, r.shared_lo, r.shared_hi, r.shared_n)} | "
-            f"{_ci(r.tuned_iqm, r.tuned_lo, r.tuned_hi, r.tuned_n)} | {_ci(r.p_tuned_better, r.p_lo, r.p_hi, 1, '.2f').removesuffix(' (n=1)')} | "
-            f"{r.shared_reached}/{r.shared_n}, {_f(r.shared_steps_median, ',.0f')} | "
-            f"{r.tuned_reached}/{r.tuned_n}, {_f(r.tuned_steps_median, ',.0f')} |"
-        )
     by_steps = data.metric == "steps_to_target"
-    if by_steps:
-        lines += [
-            "",
-            "## Env steps to the target, on the test seeds",
-            "",
-            "The search's metric. IQM [95 % stratified bootstrap CI] of the env steps to the target, a seed that missed "
-            "it counted at its budget (a lower bound: the reached columns above say how often). P(tuned fewer): the "
-            "probability that the tuned setting needs fewer env steps than the own one.",
-            "",
-            "| engine | own | tuned | P(tuned fewer) |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| {r.engine} | {_ci(r.shared_steps_iqm, r.shared_steps_lo, r.shared_steps_hi, r.shared_n, ',.0f')} | "
-            f"{_ci(r.tuned_steps_iqm, r.tuned_steps_lo, r.tuned_steps_hi, r.tuned_n, ',.0f')} | "
-            f"{_f(r.p_fewer_steps, '.2f')} [{_f(r.p_fewer_lo, '.2f')}, {_f(r.p_fewer_hi, '.2f')}] |"
-            for r in v.itertuples()
-        ]
-    pairs = improvement_between_engines(data, rng=rng)
-    if not pairs.empty:
-        measure = "fewer env steps to the target" if by_steps else "higher final return"
-        lines += [
-            "",
-            "## Engines against each other, each at its tuned best",
-            "",
-            f"P(X > Y): the probability that X does better than Y on a test seed ({measure}).",
-            "",
-            "| X | Y | P(X > Y) [95 % CI] |",
-            "|---|---|---|",
-        ]
-        lines += [
-            f"| {r.x} | {r.y} | {_f(r.p, '.2f')} [{_f(r.lo, '.2f')}, {_f(r.hi, '.2f')}] |" for r in pairs.itertuples()
-        ]
+    lines = [f"# {data.scenario}: tuned", ""]
+    if data.tested.empty:
+        lines += ["The searches alone: no test-seed runs (`crossrl tune --no-test`)."]
+    else:
+        lines += _verdict_sections(data, rng=rng, by_steps=by_steps)
     c = cost_table(data)
     lines += [
         "",
@@ -420,6 +395,62 @@ def markdown(data: TunedData, *, rng: np.random.Generator | None = None, figures
     for name, title in (figures or {}).items():
         lines += ["", f"![{title}]({name})"]
     return "\n".join(lines) + "\n"
+
+
+def _verdict_sections(data: TunedData, *, rng: np.random.Generator, by_steps: bool) -> list[str]:
+    """The tables on the test seeds: own setting against tuned (and env steps to the target under a steps search),
+    then the engines against each other at their tuned best."""
+    v = verdict_table(data, rng=rng)
+    lines = [
+        "## Own setting against tuned, on the test seeds",
+        "",
+        "Final return: IQM [95 % stratified bootstrap CI] (seeds). P(tuned > own): probability of improvement on "
+        "the final returns. Reached: test seeds that reached the target; steps: their median env steps to it.",
+        "",
+        "| engine | own | tuned | P(tuned > own) | own reached, steps | tuned reached, steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in v.itertuples():
+        lines.append(
+            f"| {r.engine} | {_ci(r.shared_iqm, r.shared_lo, r.shared_hi, r.shared_n)} | "
+            f"{_ci(r.tuned_iqm, r.tuned_lo, r.tuned_hi, r.tuned_n)} | {_ci(r.p_tuned_better, r.p_lo, r.p_hi, 1, '.2f').removesuffix(' (n=1)')} | "
+            f"{r.shared_reached}/{r.shared_n}, {_f(r.shared_steps_median, ',.0f')} | "
+            f"{r.tuned_reached}/{r.tuned_n}, {_f(r.tuned_steps_median, ',.0f')} |"
+        )
+    if by_steps:
+        lines += [
+            "",
+            "## Env steps to the target, on the test seeds",
+            "",
+            "The search's metric. IQM [95 % stratified bootstrap CI] of the env steps to the target, a seed that missed "
+            "it counted at its budget (a lower bound: the reached columns above say how often). P(tuned fewer): the "
+            "probability that the tuned setting needs fewer env steps than the own one.",
+            "",
+            "| engine | own | tuned | P(tuned fewer) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r.engine} | {_ci(r.shared_steps_iqm, r.shared_steps_lo, r.shared_steps_hi, r.shared_n, ',.0f')} | "
+            f"{_ci(r.tuned_steps_iqm, r.tuned_steps_lo, r.tuned_steps_hi, r.tuned_n, ',.0f')} | "
+            f"{_f(r.p_fewer_steps, '.2f')} [{_f(r.p_fewer_lo, '.2f')}, {_f(r.p_fewer_hi, '.2f')}] |"
+            for r in v.itertuples()
+        ]
+    pairs = improvement_between_engines(data, rng=rng)
+    if not pairs.empty:
+        measure = "fewer env steps to the target" if by_steps else "higher final return"
+        lines += [
+            "",
+            "## Engines against each other, each at its tuned best",
+            "",
+            f"P(X > Y): the probability that X does better than Y on a test seed ({measure}).",
+            "",
+            "| X | Y | P(X > Y) [95 % CI] |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {r.x} | {r.y} | {_f(r.p, '.2f')} [{_f(r.lo, '.2f')}, {_f(r.hi, '.2f')}] |" for r in pairs.itertuples()
+        ]
+    return lines
 
 
 def sensitivity_figure(data: TunedData) -> str:

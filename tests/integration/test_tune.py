@@ -154,6 +154,12 @@ def test_pbt_members_copy_each_other_and_the_lineage_is_stored(results_dir: Path
         for run in members.values():  # one continuous curve per member, to its whole budget
             steps = [m.step for m in store.client.get_metric_history(run.info.run_id, "env_steps_sampled")]
             assert steps == sorted(steps) and steps[-1] >= 1000
+    # --no-test still writes the searches' report: cost, sensitivity and the population's curves
+    folder = results_dir / "reports" / "tune-pbt"
+    report = (folder / "tuned.md").read_text()
+    assert "no test-seed runs" in report and "| torchrl | pbt |" in report and "(tuned-pbt.svg)" in report
+    svg = (folder / "tuned-pbt.svg").read_text()
+    assert all(engine in svg for engine in ENGINES) and "&lt;- c0" in svg  # a panel per engine, the exploit marked
 
 
 @pytest.mark.system

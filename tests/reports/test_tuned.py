@@ -170,3 +170,6 @@ def test_the_report_draws_the_sensitivity_and_the_pbt_population() -> None:
     assert svg is not None and "c00" in svg and "c01" in svg and "&lt;- c01" in svg  # the exploit, labelled
     md = markdown(data, figures={"tuned-pbt.svg": "the population"})
     assert md.rstrip().endswith("![the population](tuned-pbt.svg)")
+    data.tested = pd.DataFrame()  # `crossrl tune --no-test`: the searches' tables and figures alone
+    md = markdown(data, figures={"tuned-pbt.svg": "the population"})
+    assert "no test-seed runs" in md and "Own setting against tuned" not in md and "## Sensitivity" in md
