@@ -208,7 +208,8 @@ class _Member:
     rec: TrialRecorder
     started: float
     log: str = ""
-    usage: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)  # its host's, since the member (re)started
+    earlier: dict[str, float] = field(default_factory=dict)  # CPU seconds and peak RSS of its hosts before this one
     timeout: str = ""
     recorded: bool = False
     values: dict[str, Any] = field(default_factory=dict)  # its hyperparameters now (PBT changes them)
@@ -299,7 +300,14 @@ class Recorder(tune.Callback):  # type: ignore[misc]
 
     def _resumed(self, member: _Member, msg: dict[str, Any]) -> None:
         """A member restarted from a checkpoint: its own (paused by synchronous PBT, nothing to record) or, PBT's
-        exploit, another member's: the lineage (who copied whom, at which env step, the values before and after)."""
+        exploit, another member's: the lineage (who copied whom, at which env step, the values before and after). A new
+        host measures from zero: what the earlier ones used is kept."""
+        used = member.usage
+        member.earlier = {
+            "cpu_seconds": member.earlier.get("cpu_seconds", 0.0) + float(used.get("cpu_seconds", 0.0)),
+            "peak_rss": max(member.earlier.get("peak_rss", 0.0), float(used.get("peak_rss", 0.0))),
+        }
+        member.usage = {}
         values = dict(msg["values"])
         if msg["copy"]:
             donor = next((m for m in self.members.values() if m.trial.name == msg["from"]), None)
@@ -364,8 +372,8 @@ class Recorder(tune.Callback):  # type: ignore[misc]
                 log_path.write_text(member.log)
             member.rec.record_end(
                 wall_s=time.perf_counter() - member.started,
-                peak_rss=float(member.usage.get("peak_rss", 0.0)),
-                cpu_seconds=float(member.usage.get("cpu_seconds", 0.0)),
+                peak_rss=max(member.earlier.get("peak_rss", 0.0), float(member.usage.get("peak_rss", 0.0))),
+                cpu_seconds=member.earlier.get("cpu_seconds", 0.0) + float(member.usage.get("cpu_seconds", 0.0)),
                 log_path=log_path,
             )
         self.results.append(member.rec.result)

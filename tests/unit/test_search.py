@@ -132,3 +132,30 @@ def test_the_best_configuration_ran_its_whole_budget_then_by_the_search_metric()
     slow = _result(spec, "c05", steps=20_000, final=480.0, to_target=15_000)
     assert best_of([whole_high, slow, fast], by_steps) is fast
     assert best_of([failed], search) is None
+
+
+def test_a_pbt_member_restarted_on_new_hosts_keeps_what_each_host_used() -> None:
+    """Synchronous PBT restarts a member in a new host at each step; each host measures from zero. The member's run
+    records the CPU seconds of all of them and the highest peak, not the last host's alone."""
+    from crossrl.adapters.tuning import Recorder, _Member
+
+    class Rec:
+        ended: dict[str, Any] = {}
+
+        def record_end(self, **kw: Any) -> None:
+            Rec.ended = kw
+
+        @property
+        def result(self) -> None:
+            return None
+
+    [trial] = _spec(configurations=1).search_trials("crossrl")
+    member = _Member(trial=trial, rec=Rec(), started=0.0)  # type: ignore[arg-type]
+    recorder = Recorder.__new__(Recorder)  # its store is not needed for a member's own restart
+    recorder.results = []
+    for used in ({"cpu_seconds": 30.0, "peak_rss": 500.0}, {"cpu_seconds": 20.0, "peak_rss": 700.0}):
+        member.usage = used
+        recorder._resumed(member, {"copy": False, "values": {"lr": 1e-3}})
+    member.usage = {"cpu_seconds": 10.0, "peak_rss": 600.0}
+    recorder.record(member)
+    assert Rec.ended["cpu_seconds"] == 60.0 and Rec.ended["peak_rss"] == 700.0
