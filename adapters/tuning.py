@@ -376,7 +376,19 @@ class Recorder(tune.Callback):  # type: ignore[misc]
                 cpu_seconds=member.earlier.get("cpu_seconds", 0.0) + float(member.usage.get("cpu_seconds", 0.0)),
                 log_path=log_path,
             )
-        self.results.append(member.rec.result)
+        result = member.rec.result
+        if result is not None and member.values:  # PBT changed them: the member ends with the values it last took
+            result.trial = result.trial.model_copy(
+                update={"hyperparams": {**result.trial.hyperparams, **member.values}}
+            )
+            if any(member.trial.hyperparams.get(k) != v for k, v in member.values.items()):
+                with deferred_signals():
+                    self.store.set_tags(
+                        result.run_id,
+                        {"search.final_values": json.dumps(member.values, sort_keys=True)},
+                        what="search tags",
+                    )
+        self.results.append(result)
 
     def unended(self, reason: str) -> None:
         """Trials Tune left running (the search was stopped): KILLED, with what they logged."""

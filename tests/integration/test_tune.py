@@ -151,6 +151,7 @@ def test_pbt_members_copy_each_other_and_the_lineage_is_stored(results_dir: Path
             assert set(entry["values"]) == {"lr"} and 1e-4 <= entry["values"]["lr"] <= 3e-3
             run = members[entry["member"]]
             assert int(run.data.tags["pbt.exploits"]) == 1 and "pbt.exploit.1" in run.data.tags
+            assert json.loads(run.data.tags["search.final_values"]) == entry["values"]  # it ended with these
         for run in members.values():  # one continuous curve per member, to its whole budget
             steps = [m.step for m in store.client.get_metric_history(run.info.run_id, "env_steps_sampled")]
             assert steps == sorted(steps) and steps[-1] >= 1000
