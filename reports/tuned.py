@@ -462,6 +462,7 @@ def sensitivity_figure(data: TunedData) -> str:
     colours = engine_colours(engines)
     fig, [ax] = new_figure(1, width=1.6 + 1.4 * max(1, len(engines)))
     rng = np.random.default_rng(0)
+    sensitivity = sensitivity_table(data).set_index("engine")  # the near-best bands
     top = 0.0  # under a steps search, configurations that never reached the target are drawn above the budget
     if by_steps and not data.configs.empty:
         sizes = [float(x) for x in data.configs.get("budget", data.configs.get("env_steps", [])) if math.isfinite(x)]
@@ -480,7 +481,7 @@ def sensitivity_figure(data: TunedData) -> str:
             ax.scatter(x[stopped & ~missed], y[stopped & ~missed], facecolor="none", edgecolor=c, s=22, zorder=3)
             if by_steps and missed.any():
                 ax.scatter(x[missed], np.full(missed.sum(), top), marker="x", color=c, s=22, zorder=3)
-            row = sensitivity_table(data).set_index("engine").loc[engine]
+            row = sensitivity.loc[engine]
             if math.isfinite(row.best):
                 lo, hi = (
                     (row.best, row.best * (1 + NEAR_BEST))
