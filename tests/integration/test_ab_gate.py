@@ -46,12 +46,14 @@ def test_a_planted_slowdown_is_a_regression(tmp_path: Path) -> None:
 
 
 def test_the_same_code_is_no_regression(tmp_path: Path) -> None:
-    # two pairs make a wide CI: a line at 0.9 is what two pairs can show; the 0.98 line needs the full gate
-    done = ab("--threshold", "0.9", "--json", "ab.json", "--no-store", cwd=tmp_path)
+    # two pairs from one pair of measurement processes (the second draw reuses them) carry the processes' own
+    # offset: the same code once read 0.885 [0.881, 0.889] in CI with other tests beside it (fresh-process pair SD
+    # 7.7 % idle, docs/performance.md), so the line here is 0.8; the 0.98 line needs the full gate's many draws
+    done = ab("--threshold", "0.8", "--json", "ab.json", "--no-store", cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     (cell,) = json.loads((tmp_path / "ab.json").read_text())["cells"]
     assert cell["verdict"] != "REGRESSION"  # "improved" is possible at two pairs on a busy machine
-    assert 0.8 < cell["ratio"]["ratio"] < 1.25
+    assert 0.8 < cell["ratio"]["ratio"] < 1.25  # a side measuring another workload would read far off 1
 
 
 def commit_without_redraws(repo: Path, scratch: Path) -> str:
