@@ -70,7 +70,7 @@ from crossrl.scenarios.spec import CheckpointSpec, Distribution, ScenarioSpec, S
 CONFIG_KEY = "config"  # the configuration's index in a Tune trial's config
 MESSAGES_KEY = "crossrl_messages"
 SCORE_KEY = "score"  # the trial's return so far: what ASHA compares at a rung
-STEPS_KEY = "env_steps"  # ASHA's time axis
+STEPS_KEY = "env_steps"  # ASHA's time axis; PBT's, on its clock (pbt_clock)
 REPORT_EVERY_S = 10.0  # a trial with messages but no point reports at least this often
 
 
@@ -78,8 +78,24 @@ REPORT_EVERY_S = 10.0  # a trial with messages but no point reports at least thi
 # The Tune trial: runs in a Tune actor that holds no CPU; the crossrl trial runs in a TrialHost in bundle 0.
 
 
+def pbt_clock(env_step: int, interval: int) -> int:
+    """The env step a PBT member reports as its time: the last decision point it passed (a multiple of ``interval``).
+
+    Members write their decision checkpoints at the first fragment past each multiple, a little past it and not the
+    same amount each (101,328, 101,808, ...). Synchronous PBT sets every member's last perturbation to the time of the
+    member that completed the step, and lets a member whose next time lies less than an interval after that go on:
+    reporting raw env steps, a member at 201,601 after a step completed at 101,808 trained on through the next decision
+    point, was ranked there on a score one interval ahead of the others, and the member that copied it inherited a
+    time past the next step, so it was not run again until a later step had it copy once more, one interval short."""
+    return env_step // interval * interval
+
+
 def _trainable(
-    config: dict[str, Any], trials: dict[str, str], pbt: bool, bounds: dict[str, tuple[float, float]]
+    config: dict[str, Any],
+    trials: dict[str, str],
+    pbt: bool,
+    bounds: dict[str, tuple[float, float]],
+    interval: int = 0,
 ) -> None:
     """One configuration (a population member under PBT): its crossrl trial in a TrialHost, its messages handed to
     Tune with each result.
@@ -141,7 +157,7 @@ def _trainable(
             if score is not None:
                 result[SCORE_KEY] = score
             if checkpoint or not pbt:
-                result[STEPS_KEY] = points[-1][0]
+                result[STEPS_KEY] = pbt_clock(points[-1][0], interval) if pbt else points[-1][0]
         pending, last_report = [], time.perf_counter()
         # Returns when Tune asks for more; a stop (ASHA, PBT's pause) ends this thread here.
         tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint) if checkpoint else None)
@@ -756,6 +772,7 @@ def _run_search(
                     trials={t.name: t.model_dump_json() for t in trials},
                     pbt=search.scheduler == "pbt",
                     bounds=bounds_of(search),
+                    interval=search.interval_env_steps,
                 ),
                 resources,
             ),
