@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,6 +229,7 @@ def run_scenario(
     parallel: int = 1,
     placement: str = "node",
     kind: str = "parent",
+    tags: Mapping[str, str] | None = None,
 ) -> RunOutcome:
     """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
 
@@ -254,7 +255,8 @@ def run_scenario(
     without it), up to ``parallel`` at once, each in a placement group (``placement``: ``node`` keeps a trial's
     processes on one node, ``spread`` lets them spread); see ``crossrl.adapters.fanout``. Raises ``SpecError``
     before anything is stored when a trial cannot fit the cluster. ``kind``: the parent run's ``crossrl.kind``
-    (`crossrl tune`'s test-seed runs are "tuned").
+    (`crossrl tune`'s test-seed runs are "tuned"; ``resume`` then takes up a run of that kind); ``tags`` go on the parent
+    run as it starts (`crossrl tune` finds its test-seed runs by them, a run killed part-way included).
     """
     if parallel < 1:
         raise SpecError([f"--parallel must be at least 1, got {parallel}"])
@@ -275,7 +277,7 @@ def run_scenario(
     resumed_id = ""
     carried: dict[str, Carried] = {}
     if resume is not None:
-        resumed_id, ended, attempts, root = _resume_point(store, spec, resume)
+        resumed_id, ended, attempts, root = _resume_point(store, spec, resume, kind=kind)
         trials = [t for t in trials if t.name not in ended]
         checkpoint_root = Path(root) if root else new_checkpoint_root(store, spec)
         carried = checkpoints_to_resume(store, trials, attempts, checkpoint_root, notify)
@@ -294,7 +296,7 @@ def run_scenario(
     try:
         if resume is None:
             parent_id = store.start_parent(spec, spec_path=spec_path, command=command, kind=kind)
-            store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(checkpoint_root)}, what="checkpoint folder")
+            store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(checkpoint_root), **(tags or {})}, what="run tags")
         else:
             parent_id = resumed_id
             store.reopen_parent(parent_id)
@@ -441,7 +443,7 @@ ENDED = (M.FINISHED, M.FAILED, M.TIMEOUT, M.SKIPPED)  # a trial in one of these 
 
 
 def _resume_point(
-    store: ResultsStore, spec: ScenarioSpec, resume: str
+    store: ResultsStore, spec: ScenarioSpec, resume: str, *, kind: str = "parent"
 ) -> tuple[str, dict[str, str], dict[str, list[str]], str]:
     """The parent run to resume, its trials that ended (name -> status), its unfinished attempts (name -> ids, oldest
     first) and its checkpoint folder ("" for a run from before checkpoints)."""
@@ -455,8 +457,9 @@ def _resume_point(
     if parent.info.status == "RUNNING" and str(parent.info.run_id) in store.reap_orphans():
         parent = store.parent_run(str(parent.info.run_id))  # its owner had died without closing it: KILLED now
     parent_id, tags = str(parent.info.run_id), parent.data.tags
-    if tags.get("crossrl.kind") != "parent" or tags.get("scenario") != spec.name:
-        raise SpecError([f"--resume: run {parent_id} is not a `crossrl run` of scenario {spec.name!r}"])
+    if tags.get("crossrl.kind") != kind or tags.get("scenario") != spec.name:
+        what = "a `crossrl run`" if kind == "parent" else f"a {kind!r} run"
+        raise SpecError([f"--resume: run {parent_id} is not {what} of scenario {spec.name!r}"])
     if parent.info.status == "RUNNING":
         owner = f"pid {tags.get('owner.pid', '?')} on {tags.get('owner.host', '?')}"
         raise SpecError([f"--resume: run {parent_id} is still running ({owner}); stop it first or wait for it"])

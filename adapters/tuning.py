@@ -34,7 +34,7 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -854,8 +854,9 @@ def run_tune(
     fit the cluster.
 
     ``resume`` takes up the newest run of this same search (its spec's fingerprint and search section) on each engine:
-    see :func:`search_engine`; an engine without one is searched afresh. The test-seed runs are run again unless they
-    had all finished for these searches. A stop (Ctrl-C, SIGTERM) ends the running trials KILLED and returns with
+    see :func:`search_engine`; an engine without one is searched afresh. A test-seed run of these searches that had
+    not finished is taken up as `crossrl run --resume` does (its ended trials kept, the others from their checkpoints);
+    one that had finished is not run again. A stop (Ctrl-C, SIGTERM) ends the running trials KILLED and returns with
     ``interrupted``."""
     if spec.search is None:
         raise SpecError([f"scenario {spec.name!r} has no search section: add one (docs/tuning.md)"])
@@ -906,56 +907,71 @@ def run_tune(
         disconnect()
     if not test:
         return outcome
-    if resume and _tested(store, spec, outcome.searches):
-        notify("store_warning", {"message": "the test-seed runs of these searches had finished: not run again"})
-        return outcome
     search = spec.search
+
+    def test_run(test_spec: ScenarioSpec, role: str, searches: Sequence[EngineSearch], label: str,
+                 config: dict[str, Any] | None = None) -> RunOutcome | None:  # fmt: skip
+        """A test-seed run: afresh, or under ``resume`` the earlier one of these searches taken up (its ended trials kept,
+        the killed ones from their checkpoints); None when that one had finished."""
+        tags = _tuned_tags(role, searches, config)
+        earlier = _earlier_test_run(store, spec.name, tags) if resume else None
+        if earlier is not None and earlier[1] == M.FINISHED:
+            notify(
+                "store_warning",
+                {"message": f"{label} on the test seeds had finished for these searches: not run again"},
+            )
+            return None
+        return run_scenario(
+            test_spec,
+            store=store,
+            spec_path=spec_path,
+            command=command,
+            progress=notify,
+            kind=TUNED_KIND,
+            tags=tags,
+            resume=earlier[0] if earlier is not None else None,
+        )
+
     shared = spec.model_copy(update={"seeds": search.test_seeds, "engines": chosen})
-    outcome.shared = run_scenario(
-        shared, store=store, spec_path=spec_path, command=command, progress=notify, kind=TUNED_KIND
-    )
-    _tag_tuned(store, outcome.shared, role="shared", searches=outcome.searches)
+    outcome.shared = test_run(shared, "shared", outcome.searches, "the own setting")
+    if outcome.shared is not None and outcome.shared.interrupted:
+        outcome.interrupted = True
+        return outcome
     for found in outcome.searches:
-        if found.best is None or outcome.shared.interrupted:
+        if found.best is None:
             continue
         config = {k: found.best.trial.hyperparams[k] for k in search.space}
         tuned = spec.with_config(config, seeds=search.test_seeds, engines=[found.engine])
-        run = outcome.tuned[found.engine] = run_scenario(
-            tuned, store=store, spec_path=spec_path, command=command, progress=notify, kind=TUNED_KIND
-        )
-        _tag_tuned(store, run, role="tuned", searches=[found], config=config)
+        run = test_run(tuned, "tuned", [found], f"{found.engine}'s best configuration", config)
+        if run is None:
+            continue
+        outcome.tuned[found.engine] = run
         if run.interrupted:
+            outcome.interrupted = True
             break
-    outcome.interrupted = any(r.interrupted for r in [outcome.shared, *outcome.tuned.values()])
     return outcome
 
 
-def _tested(store: ResultsStore, spec: ScenarioSpec, searches: Sequence[EngineSearch]) -> bool:
-    """Whether the own setting's test-seed run of exactly these searches finished (then so did the tuned ones')."""
-    exp = store.experiment_id(spec.name, create=False)
-    ids = ",".join(s.parent_id for s in searches)
-    runs = store.client.search_runs(
-        [exp], filter_string=f"tags.`crossrl.kind` = '{TUNED_KIND}' and tags.`tuned.role` = 'shared'"
-    )
-    done = [r for r in runs if r.data.tags.get("tuned.searches") == ids and r.data.tags.get("status") == M.FINISHED]
-    if not done:
-        return False
-    tuned = store.client.search_runs(
-        [exp], filter_string=f"tags.`crossrl.kind` = '{TUNED_KIND}' and tags.`tuned.role` = 'tuned'"
-    )
-    finished = {r.data.tags.get("tuned.searches") for r in tuned if r.data.tags.get("status") == M.FINISHED}
-    return all(s.parent_id in finished for s in searches if s.best is not None)
-
-
-def _tag_tuned(
-    store: ResultsStore,
-    run: RunOutcome,
-    *,
-    role: str,
-    searches: Sequence[EngineSearch],
-    config: dict[str, Any] | None = None,
-) -> None:
+def _tuned_tags(role: str, searches: Sequence[EngineSearch], config: dict[str, Any] | None) -> dict[str, str]:
+    """A test-seed run's tags: its role ("shared": the spec's own setting; "tuned": a search's best configuration) and
+    the searches it belongs to (their parent runs), by which the report and `--resume` find it."""
     tags = {"tuned.role": role, "tuned.searches": ",".join(s.parent_id for s in searches)}
     if config is not None:
         tags["tuned.config"] = json.dumps(config, sort_keys=True)
-    store.set_tags(run.parent_id, tags, what="tuned tags")
+    return tags
+
+
+def _earlier_test_run(store: ResultsStore, scenario: str, tags: Mapping[str, str]) -> tuple[str, str] | None:
+    """The newest test-seed run with these role and searches: its run id and status, or None."""
+    exp = store.experiment_id(scenario, create=False)
+    if exp is None:
+        return None
+    runs = store.client.search_runs(
+        [exp],
+        filter_string=f"tags.`crossrl.kind` = '{TUNED_KIND}' and tags.`tuned.role` = '{tags['tuned.role']}'",
+        order_by=["attribute.start_time DESC"],
+    )
+    for r in runs:
+        if r.data.tags.get("tuned.searches") == tags["tuned.searches"]:
+            return str(r.info.run_id), r.data.tags.get("status", "")
+    return None

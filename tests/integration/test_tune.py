@@ -209,3 +209,49 @@ def test_a_search_stopped_by_sigterm_is_resumed_and_completed(results_dir: Path,
         # <= at the end: the SIGTERM may land after the trial's final checkpoint and before its end was recorded
         assert steps[0] <= int(resumed.data.tags["resumed.env_step"]) <= steps[-1] and steps[-1] >= 10000
     assert len(store.children(search, superseded=True)) == 3  # the killed attempt is kept, marked superseded
+
+
+@pytest.mark.system
+def test_test_seed_runs_stopped_by_sigterm_are_taken_up_by_resume(results_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM while the own setting runs on its second test seed: `--resume` reads the finished search back, takes up
+    that same test-seed run (its first trial kept, the second from its checkpoint) and then runs the tuned one."""
+    import os
+    import signal
+    import time
+
+    spec = _spec(tmp_path, "tune-test-resume", ["crossrl"], {"scheduler": "random", "configurations": 1,
+                                                             "env_steps": 500, "test_seeds": [0, 1]})  # fmt: skip
+    raw = yaml.safe_load(spec.read_text())
+    raw["budget"]["env_steps"] = 10000  # the test-seed runs' budget (the search's is 500)
+    raw["checkpoint"] = {"every_env_steps": 500, "keep": 3}
+    spec.write_text(yaml.safe_dump(raw))
+    cmd = [*CLI, "tune", str(spec), "--results-dir", str(results_dir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = "crossrl-ppo-w1-s1"
+    deadline = time.monotonic() + 600
+    while not list(results_dir.glob(f"checkpoints/tune-test-resume/2*/{second}/ckpt-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "tune ended before its second test seed"
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, out[-2000:] + err[-2000:]
+    store = ResultsStore(None, results_dir=results_dir)
+    [shared] = _runs(store, "tune-test-resume", TUNED_KIND)
+    assert shared.data.tags["tuned.role"] == "shared" and shared.data.tags["status"] == "KILLED"
+    before = {r.info.run_name: (r.info.run_id, r.data.tags["status"]) for r in store.children(shared)}
+    assert {name: status for name, (_, status) in before.items()} == {"crossrl-ppo-w1-s0": "FINISHED", second: "KILLED"}
+
+    again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    [search] = _runs(store, "tune-test-resume", SEARCH_KIND)  # read back, not searched again
+    assert "resumes" not in search.data.tags or search.data.tags["resumes"] == "0"
+    tested = _runs(store, "tune-test-resume", TUNED_KIND)
+    runs = {r.data.tags["tuned.role"]: r for r in tested}
+    assert len(tested) == 2 and sorted(runs) == ["shared", "tuned"]  # the own-setting run taken up, not a second one
+    assert runs["shared"].info.run_id == shared.info.run_id
+    shared = runs["shared"]
+    assert shared.data.tags["status"] == "FINISHED" and shared.data.tags["resumes"] == "1"
+    after = {r.info.run_name: r for r in store.children(shared)}
+    assert after["crossrl-ppo-w1-s0"].info.run_id == before["crossrl-ppo-w1-s0"][0]  # the finished trial kept
+    assert after[second].data.tags["status"] == "FINISHED" and after[second].info.run_id != before[second][0]
+    assert runs["tuned"].data.tags["status"] == "FINISHED"
