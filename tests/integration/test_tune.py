@@ -7,8 +7,11 @@ is in the store."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,15 +166,24 @@ def test_pbt_members_copy_each_other_and_the_lineage_is_stored(results_dir: Path
     assert all(engine in svg for engine in ENGINES) and "&lt;- c0" in svg  # a panel per engine, the exploit marked
 
 
+def _sigterm_once(cmd: list[str], results_dir: Path, written: str) -> None:
+    """Runs ``cmd`` until a file matching ``written`` (a glob under the results folder) appears, then SIGTERMs it: it
+    must end with 143."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    while not list(results_dir.glob(written)):
+        assert proc.poll() is None and time.monotonic() < deadline, f"{cmd[3]} ended before it wrote {written}"
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 143, out[-2000:] + err[-2000:]
+
+
 @pytest.mark.system
 def test_a_search_stopped_by_sigterm_is_resumed_and_completed(results_dir: Path, tmp_path: Path) -> None:
     """SIGTERM while a configuration trains: that trial KILLED (nothing left RUNNING), exit 143; `--resume` keeps the
     configuration that had ended, runs the killed one again (from its checkpoint when the checkpoint's point had
     reached the store) and completes the search under the same parent run."""
-    import os
-    import signal
-    import time
-
     # 10,000 env steps: crossrl's core trains 2,500 in about a second on an idle machine, so a smaller budget could
     # end before the SIGTERM lands
     spec = _spec(tmp_path, "tune-resume", ["crossrl"], {"scheduler": "random", "configurations": 2, "env_steps": 10000})
@@ -179,15 +191,8 @@ def test_a_search_stopped_by_sigterm_is_resumed_and_completed(results_dir: Path,
     raw["checkpoint"] = {"every_env_steps": 500, "keep": 3}
     spec.write_text(yaml.safe_dump(raw))
     cmd = [*CLI, "tune", str(spec), "--no-test", "--results-dir", str(results_dir)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = "crossrl-ppo-w1-s7-c01"
-    deadline = time.monotonic() + 600
-    while not list(results_dir.glob(f"checkpoints/tune-resume/search-*/{second}/ckpt-*")):
-        assert proc.poll() is None and time.monotonic() < deadline, "the search ended before its second configuration"
-        time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 143, out[-2000:] + err[-2000:]
+    _sigterm_once(cmd, results_dir, f"checkpoints/tune-resume/search-*/{second}/ckpt-*")
     store = ResultsStore(None, results_dir=results_dir)
     [search] = _runs(store, "tune-resume", SEARCH_KIND)
     assert search.data.tags["status"] == "KILLED"
@@ -215,10 +220,6 @@ def test_a_search_stopped_by_sigterm_is_resumed_and_completed(results_dir: Path,
 def test_test_seed_runs_stopped_by_sigterm_are_taken_up_by_resume(results_dir: Path, tmp_path: Path) -> None:
     """SIGTERM while the own setting runs on its second test seed: `--resume` reads the finished search back, takes up
     that same test-seed run (its first trial kept, the second from its checkpoint) and then runs the tuned one."""
-    import os
-    import signal
-    import time
-
     spec = _spec(tmp_path, "tune-test-resume", ["crossrl"], {"scheduler": "random", "configurations": 1,
                                                              "env_steps": 500, "test_seeds": [0, 1]})  # fmt: skip
     raw = yaml.safe_load(spec.read_text())
@@ -226,15 +227,8 @@ def test_test_seed_runs_stopped_by_sigterm_are_taken_up_by_resume(results_dir: P
     raw["checkpoint"] = {"every_env_steps": 500, "keep": 3}
     spec.write_text(yaml.safe_dump(raw))
     cmd = [*CLI, "tune", str(spec), "--results-dir", str(results_dir)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = "crossrl-ppo-w1-s1"
-    deadline = time.monotonic() + 600
-    while not list(results_dir.glob(f"checkpoints/tune-test-resume/2*/{second}/ckpt-*")):
-        assert proc.poll() is None and time.monotonic() < deadline, "tune ended before its second test seed"
-        time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 143, out[-2000:] + err[-2000:]
+    _sigterm_once(cmd, results_dir, f"checkpoints/tune-test-resume/2*/{second}/ckpt-*")
     store = ResultsStore(None, results_dir=results_dir)
     [shared] = _runs(store, "tune-test-resume", TUNED_KIND)
     assert shared.data.tags["tuned.role"] == "shared" and shared.data.tags["status"] == "KILLED"
