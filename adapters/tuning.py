@@ -93,9 +93,8 @@ def pbt_clock(env_step: int, interval: int) -> int:
 def _trainable(
     config: dict[str, Any],
     trials: dict[str, str],
-    pbt: bool,
     bounds: dict[str, tuple[float, float]],
-    interval: int = 0,
+    pbt_interval: int = 0,
 ) -> None:
     """One configuration (a population member under PBT): its crossrl trial in a TrialHost, its messages handed to
     Tune with each result.
@@ -103,10 +102,13 @@ def _trainable(
     The trial is the Tune trial's own (by its name: PBT's exploit copies the donor's whole config, the index
     included); the config's hyperparameters go over it. A Tune checkpoint to start from (a paused member restarted, or
     PBT's exploit: the donor's) is the crossrl checkpoint the trial resumes from. Under PBT, a result carries the env
-    step (PBT's clock) only with a checkpoint, so every decision PBT takes has the checkpoint of that env step."""
+    step (PBT's clock) only with a checkpoint, so every decision PBT takes has the checkpoint of that env step.
+    ``pbt_interval``: PBT's perturbation interval in env steps, 0 for the other schedulers."""
     import ray
     from ray.util import get_current_placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    pbt = pbt_interval > 0
 
     trial = Trial.model_validate_json(trials[tune.get_context().get_trial_name()])
     values = _within(bounds, {k: v for k, v in config.items() if k != CONFIG_KEY})
@@ -157,7 +159,7 @@ def _trainable(
             if score is not None:
                 result[SCORE_KEY] = score
             if checkpoint or not pbt:
-                result[STEPS_KEY] = pbt_clock(points[-1][0], interval) if pbt else points[-1][0]
+                result[STEPS_KEY] = pbt_clock(points[-1][0], pbt_interval) if pbt else points[-1][0]
         pending, last_report = [], time.perf_counter()
         # Returns when Tune asks for more; a stop (ASHA, PBT's pause) ends this thread here.
         tune.report(result, checkpoint=tune.Checkpoint.from_directory(checkpoint) if checkpoint else None)
@@ -770,9 +772,8 @@ def _run_search(
                 tune.with_parameters(
                     _trainable,
                     trials={t.name: t.model_dump_json() for t in trials},
-                    pbt=search.scheduler == "pbt",
                     bounds=bounds_of(search),
-                    interval=search.interval_env_steps,
+                    pbt_interval=search.interval_env_steps if search.scheduler == "pbt" else 0,
                 ),
                 resources,
             ),
