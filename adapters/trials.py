@@ -104,6 +104,7 @@ class TrialRecorder:
         self.done = False
         self.warned = False
         self.checkpoint_s = 0.0  # seconds the trial spent writing checkpoints
+        self.native_config: dict[str, Any] | None = None  # the last one the trial's code sent
 
     def carry_over(self, carried: Carried) -> None:
         """A resumed trial's run starts with the points its interrupted attempt logged up to the checkpoint, so it
@@ -136,7 +137,13 @@ class TrialRecorder:
         elif kind == "tags":
             self.store.set_tags(self.run_id, msg["tags"], what="engine tags")
         elif kind == "native_config":
-            self.store.log_native_config(self.run_id, msg["config"])
+            config = msg["config"]
+            if self.native_config is None:
+                self.store.log_native_config(self.run_id, config)
+            elif config != self.native_config:  # a later start (a PBT member's, with copied values; a new seed)
+                step = self.result.points[-1][0] if self.result.points else 0
+                self.store.log_native_config(self.run_id, config, from_env_step=step)
+            self.native_config = config
             self.progress("native_config", {"trial": self.trial, "config": msg["config"]})
         elif kind == "artifact":
             self.log_artifact(str(msg["name"]), base64.b64decode(msg["data"]))

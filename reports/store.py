@@ -44,6 +44,12 @@ NATIVE_CONFIG_ARTIFACT = "native_config.json"
 SPEC_ARTIFACT = "spec.json"
 CANONICAL_SPEC_ARTIFACT = "spec_canonical.json"
 
+
+def native_config_artifact(from_env_step: int) -> str:
+    """The artifact of a run's native config from ``from_env_step`` on (its first is ``NATIVE_CONFIG_ARTIFACT``)."""
+    return f"native_config.from-{from_env_step}.json"
+
+
 # The MLflow run status each of our statuses maps to (the `status` tag keeps ours exactly).
 _MLFLOW_STATUS = {
     M.FINISHED: "FINISHED",
@@ -252,8 +258,15 @@ class ResultsStore:
     def set_tags(self, run_id: str, tags: Mapping[str, str], *, what: str = "tags") -> None:
         self._emit({"op": "batch", "run": run_id, "tags": {k: str(v)[:5000] for k, v in tags.items()}, "what": what})
 
-    def log_native_config(self, run_id: str, config: Mapping[str, Any]) -> None:
-        self.log_text(run_id, json.dumps(dict(config), indent=2, default=str), NATIVE_CONFIG_ARTIFACT)
+    def log_native_config(self, run_id: str, config: Mapping[str, Any], *, from_env_step: int | None = None) -> None:
+        """The engine's own config: as ``native.*`` params and an artifact. A later config of the same run (a PBT
+        member restarted with a copied configuration at ``from_env_step``) is an artifact of its own: MLflow never
+        lets a param change its value."""
+        text = json.dumps(dict(config), indent=2, default=str)
+        if from_env_step is not None:
+            self.log_text(run_id, text, native_config_artifact(from_env_step))
+            return
+        self.log_text(run_id, text, NATIVE_CONFIG_ARTIFACT)
         self._log_params(run_id, flatten(config, prefix="native."), what="native config")
 
     def log_text(self, run_id: str, text: str, name: str) -> None:

@@ -7,6 +7,7 @@ is in the store."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -155,15 +156,38 @@ def test_pbt_members_copy_each_other_and_the_lineage_is_stored(results_dir: Path
             run = members[entry["member"]]
             assert int(run.data.tags["pbt.exploits"]) == 1 and "pbt.exploit.1" in run.data.tags
             assert json.loads(run.data.tags["search.final_values"]) == entry["values"]  # it ended with these
+            # its engine's config after the copy, with the copied lr: an artifact of its own (MLflow params cannot
+            # change their values)
+            after = _restarted_configs(store, run)
+            assert after, engine
+            native = json.loads(store.artifact_bytes(run.info.run_id, after[-1]))
+            assert any(math.isclose(v, entry["values"]["lr"]) for v in _numbers(native)), (engine, native)
         for run in members.values():  # one continuous curve per member, to its whole budget
             steps = [m.step for m in store.client.get_metric_history(run.info.run_id, "env_steps_sampled")]
             assert steps == sorted(steps) and steps[-1] >= 1000
+            # the store refused no write (a param changing its value would be)
+            assert not [k for k in run.data.tags if k.startswith("store_warning")], (engine, run.data.tags)
     # --no-test still writes the searches' report: cost, sensitivity and the population's curves
     folder = results_dir / "reports" / "tune-pbt"
     report = (folder / "tuned.md").read_text()
     assert "no test-seed runs" in report and "| torchrl | pbt |" in report and "(tuned-pbt.svg)" in report
     svg = (folder / "tuned-pbt.svg").read_text()
     assert all(engine in svg for engine in ENGINES) and "&lt;- c0" in svg  # a panel per engine, the exploit marked
+
+
+def _restarted_configs(store: ResultsStore, run: Any) -> list[str]:
+    """The native configs a run's later starts logged (those that differ from the start before), in env-step order."""
+    names = [a.path for a in store.client.list_artifacts(run.info.run_id) if a.path.startswith("native_config.from-")]
+    return sorted(names, key=lambda name: int(name.split("-")[1].split(".")[0]))
+
+
+def _numbers(tree: Any) -> list[float]:
+    """Every number in a JSON tree."""
+    if isinstance(tree, dict):
+        return [x for v in tree.values() for x in _numbers(v)]
+    if isinstance(tree, list):
+        return [x for v in tree for x in _numbers(v)]
+    return [float(tree)] if isinstance(tree, (int, float)) and not isinstance(tree, bool) else []
 
 
 def _sigterm_once(cmd: list[str], results_dir: Path, written: str) -> None:
