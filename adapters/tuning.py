@@ -922,7 +922,7 @@ def run_tune(
                 {"message": f"{label} on the test seeds had finished for these searches: not run again"},
             )
             return None
-        return run_scenario(
+        run = run_scenario(
             test_spec,
             store=store,
             spec_path=spec_path,
@@ -932,6 +932,11 @@ def run_tune(
             tags=tags,
             resume=earlier[0] if earlier is not None else None,
         )
+        if earlier is not None:  # the trials it kept, read back: the summary covers every test seed
+            ran = {r.trial.name for r in run.results}
+            kept, _ = _ended_configurations(store, store.client.get_run(earlier[0]), test_spec.trials())
+            run.results = [r for r in kept if r.trial.name not in ran] + run.results
+        return run
 
     shared = spec.model_copy(update={"seeds": search.test_seeds, "engines": chosen})
     outcome.shared = test_run(shared, "shared", outcome.searches, "the own setting")

@@ -259,8 +259,11 @@ def test_test_seed_runs_stopped_by_sigterm_are_taken_up_by_resume(results_dir: P
     before = {r.info.run_name: (r.info.run_id, r.data.tags["status"]) for r in store.children(shared)}
     assert {name: status for name, (_, status) in before.items()} == {"crossrl-ppo-w1-s0": "FINISHED", second: "KILLED"}
 
-    again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=900)
+    wide = {**os.environ, "COLUMNS": "300"}  # the summary table's rows on one line each
+    again = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=900, env=wide)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    # the summary's own setting and tuned columns count both test seeds, the one kept from before the SIGTERM too
+    assert again.stdout.count("(n=2)") == 2, again.stdout[-3000:]
     [search] = _runs(store, "tune-test-resume", SEARCH_KIND)  # read back, not searched again
     assert "resumes" not in search.data.tags or search.data.tags["resumes"] == "0"
     tested = _runs(store, "tune-test-resume", TUNED_KIND)
