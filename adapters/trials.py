@@ -144,7 +144,7 @@ class TrialRecorder:
                 step = self.result.points[-1][0] if self.result.points else 0
                 self.store.log_native_config(self.run_id, config, from_env_step=step)
             self.native_config = config
-            self.progress("native_config", {"trial": self.trial, "config": msg["config"]})
+            self.progress("native_config", {"trial": self.trial, "config": config})
         elif kind == "artifact":
             self.log_artifact(str(msg["name"]), base64.b64decode(msg["data"]))
         elif kind == "verdict":  # a sweep's host ended the trial for an env fault or a stall (crossrl.adapters.watch)

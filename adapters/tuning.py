@@ -561,11 +561,11 @@ def earlier_search(store: ResultsStore, spec: ScenarioSpec, engine: str) -> Any 
     return run
 
 
-def _ended_configurations(
+def _ended_trials(
     store: ResultsStore, parent: Any, trials: Sequence[Trial]
 ) -> tuple[list[TrialResult], dict[str, list[str]]]:
-    """A search's configurations that ended (read back as results) and the attempts of those that did not (name -> run
-    ids, oldest first), from its parent run's trials."""
+    """The trials of a parent run (a search's configurations, or a test-seed run's seeds) that ended, read back as
+    results, and the attempts of those that did not (name -> run ids, oldest first)."""
     by_name = {t.name: t for t in trials}
     kept: list[TrialResult] = []
     attempts: dict[str, list[str]] = {}
@@ -636,7 +636,7 @@ def search_engine(
     bad = unsupported(trials[:1])
     if earlier is not None:
         parent_id = str(earlier.info.run_id)
-        kept, attempts = _ended_configurations(store, earlier, trials)
+        kept, attempts = _ended_trials(store, earlier, trials)
         if earlier.data.tags.get("status") == M.FINISHED and not attempts:
             out = EngineSearch(engine=engine, parent_id=parent_id, results=kept)
             out.best = best_of(kept, search)
@@ -934,7 +934,7 @@ def run_tune(
         )
         if earlier is not None:  # the trials it kept, read back: the summary covers every test seed
             ran = {r.trial.name for r in run.results}
-            kept, _ = _ended_configurations(store, store.client.get_run(earlier[0]), test_spec.trials())
+            kept, _ = _ended_trials(store, store.client.get_run(earlier[0]), test_spec.trials())
             run.results = [r for r in kept if r.trial.name not in ran] + run.results
         return run
 
