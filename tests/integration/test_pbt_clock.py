@@ -1,7 +1,10 @@
 """Synchronous PBT on Ray Tune stops every member at every decision point, though members write their decision
 checkpoints a little past each multiple of the interval and not all at the same env step: `pbt_clock` is the time
 crossrl's Tune trials report. A real Tune run of two members that only report (no engine: what is checked is Tune's
-scheduler on the times crossrl hands it)."""
+scheduler on the times crossrl hands it).
+
+The raw env steps (what crossrl reported before `pbt_clock`) are not tested here: what Tune does with them depends on
+the order its results arrive, so a test of them cannot be made to pass or fail reliably (docs/tuning.md, "Findings")."""
 
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ def ray_cluster() -> Iterator[None]:
     ray.shutdown()
 
 
-def _member(config: dict[str, Any], log: str, clock: bool) -> None:
+def _member(config: dict[str, Any], log: str) -> None:
     name = tune.get_context().get_trial_name()
     start = tune.get_checkpoint()
     done = json.loads((Path(start.path) / "k.json").read_text())["k"] + 1 if start else 0
@@ -42,17 +45,19 @@ def _member(config: dict[str, Any], log: str, clock: bool) -> None:
         ckpt = Path(log).parent / f"{name}-{k}-{step}"
         ckpt.mkdir(exist_ok=True)
         (ckpt / "k.json").write_text(json.dumps({"k": k}))
-        time = pbt_clock(step, INTERVAL) if clock else step
-        tune.report({"score": config["x"], "env_steps": time}, checkpoint=tune.Checkpoint.from_directory(str(ckpt)))
+        tune.report(
+            {"score": config["x"], "env_steps": pbt_clock(step, INTERVAL)},
+            checkpoint=tune.Checkpoint.from_directory(str(ckpt)),
+        )
 
 
-def _run(tmp_path: Path, clock: bool) -> list[dict[str, Any]]:
+def _run(tmp_path: Path) -> list[dict[str, Any]]:
     from ray.tune.schedulers import PopulationBasedTraining
 
-    log = tmp_path / f"reports-{clock}.jsonl"
+    log = tmp_path / "reports.jsonl"
     names = iter(STEPS)
     tune.Tuner(
-        tune.with_resources(tune.with_parameters(_member, log=str(log), clock=clock), {"cpu": 1}),
+        tune.with_resources(tune.with_parameters(_member, log=str(log)), {"cpu": 1}),
         param_space={"x": tune.grid_search([0.2, 0.8])},
         tune_config=tune.TuneConfig(
             scheduler=PopulationBasedTraining(
@@ -66,7 +71,7 @@ def _run(tmp_path: Path, clock: bool) -> list[dict[str, Any]]:
             trial_name_creator=lambda t: next(names),
             reuse_actors=False,
         ),
-        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name=f"clock-{clock}", verbose=0),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="clock", verbose=0),
     ).fit()
     return [json.loads(line) for line in log.read_text().splitlines()]
 
@@ -78,15 +83,6 @@ def _past_a_decision(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @pytest.mark.usefixtures("ray_cluster")
 def test_every_member_stops_at_every_decision_point(tmp_path: Path) -> None:
-    reports = _run(tmp_path, clock=True)
+    reports = _run(tmp_path)
     assert sorted((r["member"], r["step"]) for r in reports) == sorted((m, s) for m, ss in STEPS.items() for s in ss)
     assert _past_a_decision(reports) == []
-
-
-@pytest.mark.system
-@pytest.mark.usefixtures("ray_cluster")
-def test_raw_env_steps_let_a_member_train_past_a_decision_point(tmp_path: Path) -> None:
-    # the raw env steps, as crossrl reported them before pbt_clock: member a trains on through its third decision
-    # point in the start that reported its second
-    raw = _run(tmp_path, clock=False)
-    assert [(r["member"], r["step"]) for r in _past_a_decision(raw)] == [("a", 300_700)]
