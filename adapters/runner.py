@@ -19,9 +19,10 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -47,7 +48,7 @@ STORE_WAIT_S = 60.0  # at the end of a run, how long to wait for the store to ha
 class RunOutcome:
     parent_id: str  # the store's run id; a journal ref (``@1``) when the store does not have the run yet
     experiment_id: str | None
-    results: list[TrialResult]
+    results: list[TrialResult]  # every trial of the run: a resumed run's kept ones (read back from the store) first
     interrupted: bool = False
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT for Ctrl-C), when interrupted
     unsent: int = 0  # journaled writes the store did not have when the run ended (`crossrl sync` sends them)
@@ -242,7 +243,8 @@ def run_scenario(
 
     ``resume`` (a parent run id, or ``"latest"``: the scenario's newest) takes up an earlier run of the
     same spec under the same parent run: only its trials that did not end (interrupted, killed with the
-    runner, never started) run again; the interrupted attempts are kept, marked superseded. Refused
+    runner, never started) run again; the interrupted attempts are kept, marked superseded; the trials that had ended
+    are read back into the outcome, so its results and counts are the whole run's. Refused
     (``SpecError``) when the spec's fingerprint differs or the run is still alive.
 
     Every write goes first to a journal under the results folder and from there to the store in a sender
@@ -272,13 +274,13 @@ def run_scenario(
         fanout.check_fits(trials, placement=placement)
     bad = {t.name: reason for t, reason in unsupported(trials)}
     notify = progress or (lambda _event, _payload: None)
-    ended: dict[str, str] = {}  # trial name -> status, for a resumed run's trials that need no new attempt
+    kept: list[TrialResult] = []  # a resumed run's trials that need no new attempt, read back
     attempts: dict[str, list[str]] = {}  # trial name -> run ids of a resumed run's unfinished attempts
     resumed_id = ""
     carried: dict[str, Carried] = {}
     if resume is not None:
-        resumed_id, ended, attempts, root = _resume_point(store, spec, resume, kind=kind)
-        trials = [t for t in trials if t.name not in ended]
+        resumed_id, kept, attempts, root = _resume_point(store, spec, resume, trials, kind=kind)
+        trials = [t for t in trials if t.name not in {r.trial.name for r in kept}]
         checkpoint_root = Path(root) if root else new_checkpoint_root(store, spec)
         carried = checkpoints_to_resume(store, trials, attempts, checkpoint_root, notify)
     else:
@@ -302,14 +304,13 @@ def run_scenario(
             store.reopen_parent(parent_id)
             if not root:
                 store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(checkpoint_root)}, what="checkpoint folder")
-        outcome = RunOutcome(parent_id=parent_id, experiment_id=None, results=[], journal=journal.path)
+        outcome = RunOutcome(parent_id=parent_id, experiment_id=None, results=list(kept), journal=journal.path)
         _run_trials(
             store,
             spec,
             trials,
             outcome,
             bad=bad,
-            ended=ended,
             attempts=attempts,
             notify=notify,
             fresh=resume is None,
@@ -352,7 +353,6 @@ def _run_trials(
     outcome: RunOutcome,
     *,
     bad: dict[str, str],
-    ended: dict[str, str],
     attempts: dict[str, list[str]],
     notify: Progress,
     fresh: bool,
@@ -421,11 +421,8 @@ def _run_trials(
                 store.finish_trial(run_id, status=M.KILLED, reason=stopped)
                 outcome.results.append(TrialResult(trial=trial, run_id=run_id, status=M.KILLED, reason=stopped))
     status = M.KILLED if outcome.interrupted else M.FINISHED
-    counts = outcome.counts()
-    for earlier in ended.values():
-        counts[earlier] = counts.get(earlier, 0) + 1
     with held_signals() as late:
-        store.finish_parent(parent_id, status=status, counts=counts, reason=stopped)
+        store.finish_parent(parent_id, status=status, counts=outcome.counts(), reason=stopped)
     if late and not outcome.interrupted:  # the run ended whole; the stop asked meanwhile still stops the caller
         outcome.interrupted, outcome.stop_signal = True, late[0]
 
@@ -443,9 +440,9 @@ ENDED = (M.FINISHED, M.FAILED, M.TIMEOUT, M.SKIPPED)  # a trial in one of these 
 
 
 def _resume_point(
-    store: ResultsStore, spec: ScenarioSpec, resume: str, *, kind: str = "parent"
-) -> tuple[str, dict[str, str], dict[str, list[str]], str]:
-    """The parent run to resume, its trials that ended (name -> status), its unfinished attempts (name -> ids, oldest
+    store: ResultsStore, spec: ScenarioSpec, resume: str, trials: Sequence[Trial], *, kind: str = "parent"
+) -> tuple[str, list[TrialResult], dict[str, list[str]], str]:
+    """The parent run to resume, its trials that ended (read back), its unfinished attempts (name -> ids, oldest
     first) and its checkpoint folder ("" for a run from before checkpoints)."""
     if resume == "latest":
         parents = store.parent_runs(spec.name)
@@ -471,15 +468,45 @@ def _resume_point(
                 "(its spec.json artifact) or start a new run"
             ]
         )
-    ended: dict[str, str] = {}
+    kept, attempts = ended_trials(store, parent, trials)
+    return parent_id, kept, attempts, tags.get(CHECKPOINT_ROOT_TAG, "")
+
+
+def ended_trials(
+    store: ResultsStore, parent: Any, trials: Sequence[Trial]
+) -> tuple[list[TrialResult], dict[str, list[str]]]:
+    """The trials of a parent run (a run's trials, a search's configurations) that ended, read back as results (a
+    search's values, tag ``search.values``, in their hyperparams), and the attempts of those that did not (name -> run
+    ids, oldest first)."""
+    by_name = {t.name: t for t in trials}
+    kept: list[TrialResult] = []
     attempts: dict[str, list[str]] = {}
-    for child in sorted(store.children(parent), key=lambda r: r.info.start_time or 0):
-        name, status = str(child.info.run_name), child.data.tags.get("status", "")
+    for run in sorted(store.children(parent), key=lambda r: r.info.start_time or 0):
+        name, status = str(run.info.run_name), run.data.tags.get("status", "")
+        if name not in by_name:
+            continue
         if status in ENDED:
-            ended[name] = status
+            values = json.loads(run.data.tags.get("search.values", "{}"))
+            trial = by_name[name].model_copy(update={"hyperparams": {**by_name[name].hyperparams, **values}})
+            metrics = run.data.metrics
+            summary: dict[str, float | None] = {
+                k: metrics[k]
+                for k in (M.FINAL_RETURN_MEAN, M.STEPS_TO_TARGET, M.CPU_SECONDS, "setup_s")
+                if k in metrics
+            }
+            kept.append(
+                TrialResult(
+                    trial=trial,
+                    run_id=str(run.info.run_id),
+                    status=status,
+                    reason=run.data.tags.get("reason", ""),
+                    points=store.points_of(str(run.info.run_id)),
+                    summary=summary,
+                )
+            )
         else:
-            attempts.setdefault(name, []).append(str(child.info.run_id))
-    return parent_id, ended, attempts, tags.get(CHECKPOINT_ROOT_TAG, "")
+            attempts.setdefault(name, []).append(str(run.info.run_id))
+    return kept, attempts
 
 
 CHECKPOINT_ROOT_TAG = "checkpoint.root"  # on a parent run: the folder of its trials' checkpoints

@@ -45,10 +45,10 @@ from crossrl.adapters import checkpoints, fanout
 from crossrl.adapters.registry import unsupported
 from crossrl.adapters.runner import (
     CHECKPOINT_ROOT_TAG,
-    ENDED,
     Heartbeat,
     RunOutcome,
     checkpoints_to_resume,
+    ended_trials,
     run_scenario,
 )
 from crossrl.adapters.signals import (
@@ -561,42 +561,6 @@ def earlier_search(store: ResultsStore, spec: ScenarioSpec, engine: str) -> Any 
     return run
 
 
-def _ended_trials(
-    store: ResultsStore, parent: Any, trials: Sequence[Trial]
-) -> tuple[list[TrialResult], dict[str, list[str]]]:
-    """The trials of a parent run (a search's configurations, or a test-seed run's seeds) that ended, read back as
-    results, and the attempts of those that did not (name -> run ids, oldest first)."""
-    by_name = {t.name: t for t in trials}
-    kept: list[TrialResult] = []
-    attempts: dict[str, list[str]] = {}
-    for run in sorted(store.children(parent), key=lambda r: r.info.start_time or 0):
-        name, status = str(run.info.run_name), run.data.tags.get("status", "")
-        if name not in by_name:
-            continue
-        if status in ENDED:
-            values = json.loads(run.data.tags.get("search.values", "{}"))
-            trial = by_name[name].model_copy(update={"hyperparams": {**by_name[name].hyperparams, **values}})
-            metrics = run.data.metrics
-            summary: dict[str, float | None] = {
-                k: metrics[k]
-                for k in (M.FINAL_RETURN_MEAN, M.STEPS_TO_TARGET, M.CPU_SECONDS, "setup_s")
-                if k in metrics
-            }
-            kept.append(
-                TrialResult(
-                    trial=trial,
-                    run_id=str(run.info.run_id),
-                    status=status,
-                    reason=run.data.tags.get("reason", ""),
-                    points=store.points_of(str(run.info.run_id)),
-                    summary=summary,
-                )
-            )
-        else:
-            attempts.setdefault(name, []).append(str(run.info.run_id))
-    return kept, attempts
-
-
 def search_engine(
     spec: ScenarioSpec,
     engine: str,
@@ -636,7 +600,7 @@ def search_engine(
     bad = unsupported(trials[:1])
     if earlier is not None:
         parent_id = str(earlier.info.run_id)
-        kept, attempts = _ended_trials(store, earlier, trials)
+        kept, attempts = ended_trials(store, earlier, trials)
         if earlier.data.tags.get("status") == M.FINISHED and not attempts:
             out = EngineSearch(engine=engine, parent_id=parent_id, results=kept)
             out.best = best_of(kept, search)
@@ -922,7 +886,7 @@ def run_tune(
                 {"message": f"{label} on the test seeds had finished for these searches: not run again"},
             )
             return None
-        run = run_scenario(
+        return run_scenario(
             test_spec,
             store=store,
             spec_path=spec_path,
@@ -932,11 +896,6 @@ def run_tune(
             tags=tags,
             resume=earlier[0] if earlier is not None else None,
         )
-        if earlier is not None:  # the trials it kept, read back: the summary covers every test seed
-            ran = {r.trial.name for r in run.results}
-            kept, _ = _ended_trials(store, store.client.get_run(earlier[0]), test_spec.trials())
-            run.results = [r for r in kept if r.trial.name not in ran] + run.results
-        return run
 
     shared = spec.model_copy(update={"seeds": search.test_seeds, "engines": chosen})
     outcome.shared = test_run(shared, "shared", outcome.searches, "the own setting")
