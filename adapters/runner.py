@@ -365,7 +365,9 @@ def _run_trials(
     started: tuple[Trial, str] | None = None  # the trial run opened last
     stopped = ""  # the parent's reason when a stop signal ends the run
     try:
-        notify("start", {"trials": trials, "parent_id": store.wait_resolved(parent_id, timeout_s=5.0)})
+        resolved = store.wait_resolved(parent_id, timeout_s=5.0)
+        # kept: the trials of a resumed run that had ended (in outcome.results already), not run again
+        notify("start", {"trials": trials, "parent_id": resolved, "kept": len(outcome.results)})
         probe_ok = _log_raw_speed(store, parent_id, spec, step=0) if fresh else True
         beat = Heartbeat(store, parent_id)
         with tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:

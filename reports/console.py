@@ -42,8 +42,12 @@ class RunDisplay:
     def event(self, name: str, payload: dict[str, Any]) -> None:
         if name == "start":
             self._total = len(payload["trials"])
+            kept = payload.get("kept", 0)
+            what = f"{self._total} trial{'s' * (self._total != 1)}" + (
+                f" to run, {kept} kept (they had ended)" if kept else ""
+            )
             self.console.print(
-                f"[bold]{self.spec.name}[/bold]: {self._total} trials, fingerprint {self.spec.fingerprint()}, "
+                f"[bold]{self.spec.name}[/bold]: {what}, fingerprint {self.spec.fingerprint()}, "
                 f"parent run {payload['parent_id']}"
             )
         elif name == "warning":

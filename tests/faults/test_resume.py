@@ -104,6 +104,7 @@ def test_sigkilled_run_is_marked_killed_then_resumed(fault_engine: Path, results
     resumed = _cli("run", str(spec), "--resume", "--no-report", results=results_dir)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     # its summary is the whole run's: the trial it kept, read back, beside the one it ran
+    assert "resume-test: 1 trial to run, 1 kept" in resumed.stdout
     assert "resume-test: {'FINISHED': 2}" in resumed.stdout and "fault-ppo-w1-s0" in resumed.stdout, resumed.stdout
     runs = {r.info.run_id: r for r in _runs(results_dir)}
     assert len([r for r in runs.values() if r.data.tags.get("crossrl.kind") == "parent"]) == 1
