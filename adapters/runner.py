@@ -504,6 +504,7 @@ def ended_trials(
                     reason=run.data.tags.get("reason", ""),
                     points=store.points_of(str(run.info.run_id)),
                     summary=summary,
+                    wall_s=((run.info.end_time or 0) - (run.info.start_time or 0)) / 1000 if run.info.end_time else 0.0,
                 )
             )
         else:

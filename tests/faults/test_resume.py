@@ -105,7 +105,9 @@ def test_sigkilled_run_is_marked_killed_then_resumed(fault_engine: Path, results
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     # its summary is the whole run's: the trial it kept, read back, beside the one it ran
     assert "resume-test: 1 trial to run, 1 kept" in resumed.stdout
-    assert "resume-test: {'FINISHED': 2}" in resumed.stdout and "fault-ppo-w1-s0" in resumed.stdout, resumed.stdout
+    assert "resume-test: {'FINISHED': 2}" in resumed.stdout, resumed.stdout
+    (row,) = [line for line in resumed.stdout.splitlines() if "fault-ppo-w1-s0" in line]
+    assert "FINISHED" in row and "2,000" in row and " 0.0 " not in row, row  # its status, env steps and wall time
     runs = {r.info.run_id: r for r in _runs(results_dir)}
     assert len([r for r in runs.values() if r.data.tags.get("crossrl.kind") == "parent"]) == 1
     trials = [r for r in runs.values() if r.data.tags.get("crossrl.kind") == "trial"]
