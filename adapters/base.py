@@ -83,6 +83,7 @@ class MetricSink:
         self.setup_s: float | None = None
         self.target_reached = False
         self.iterations = 0  # points so far
+        self._point_train_s = 0.0  # the training seconds of the latest point (its wall_time_s)
         self.checkpoint_s = 0.0  # seconds spent writing checkpoints, left out of training time
         self.last_checkpoint: Path | None = None  # the folder of the newest checkpoint written
         self._resumed: Resumed | None = None
@@ -112,6 +113,7 @@ class MetricSink:
             self.env_steps_sampled = self._last_sampled = r.env_steps_sampled
             self._last_trained = r.env_steps_trained
             self._episodes, self.iterations = r.episodes, r.iterations
+            self._point_train_s = r.train_s
             if self.trial.resume_copy:  # another trial's checkpoint (PBT's exploit): this trial's own random streams
                 checkpoints.seed_rngs(checkpoints.resume_seed(self.trial, r))
             else:
@@ -197,11 +199,13 @@ class MetricSink:
     @property
     def exhausted(self) -> bool:
         """True once the env-step budget is sampled, the training time (``budget.train_seconds``, from
-        :meth:`start_clock`) has passed, or the target is reached with ``budget.stop_at_target``."""
+        :meth:`start_clock`) has passed at the latest point, or the target is reached with ``budget.stop_at_target``.
+        The time is the latest point's, not the clock's now: a trial ends on a point at or past its training time, so
+        its curve reaches the budget (the clock read a moment after the point could pass it first)."""
         budget = self.trial.budget
         if budget.stop_at_target and self.target_reached:
             return True
-        if budget.train_seconds is not None and self.train_s >= budget.train_seconds:
+        if budget.train_seconds is not None and self._point_train_s >= budget.train_seconds:
             return True
         return budget.env_steps is not None and self.env_steps_sampled >= budget.env_steps
 
@@ -234,7 +238,7 @@ class MetricSink:
                 raise TrainingDiverged(f"training diverged at iteration {self.iterations}: {k} is {float(v)}")
         out[M.ENV_STEPS_SAMPLED] = float(env_steps_sampled)
         out[M.ENV_STEPS_TRAINED] = float(trained)
-        out[M.WALL_TIME_S] = now - self._t0
+        out[M.WALL_TIME_S] = self._point_train_s = now - self._t0
         out[M.SAMPLE_THROUGHPUT] = (env_steps_sampled - self._last_sampled) / dt
         out[M.TRAIN_THROUGHPUT] = (trained - self._last_trained) / dt
         self._episodes += len(episode_returns)

@@ -1,6 +1,8 @@
-"""MetricSink: derived metrics computed by crossrl, and ``budget.stop_at_target``."""
+"""MetricSink: derived metrics computed by crossrl, ``budget.stop_at_target`` and ``budget.train_seconds``."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -49,3 +51,15 @@ def test_without_a_target_only_the_budget_ends_the_trial() -> None:
     sink = ListSink(trial(stop=True, target=None))
     sink.point(env_steps_sampled=100, episode_returns=[1e9])
     assert not sink.exhausted and not sink.target_reached
+
+
+def test_a_time_budget_ends_the_trial_on_a_point_at_or_past_it() -> None:
+    raw = {"name": "t", "env": {"id": "CartPole-v1"}, "algorithm": {"name": "ppo"}, "engines": ["crossrl"],
+           "budget": {"train_seconds": 0.2}}  # fmt: skip
+    sink = ListSink(validate(raw, label="t.yaml").trials()[0])
+    sink.start_clock()
+    sink.point(env_steps_sampled=100)
+    time.sleep(0.25)  # the time has passed since the last point, which was before it
+    assert sink.train_s >= 0.2 and not sink.exhausted
+    sink.point(env_steps_sampled=200)
+    assert sink.exhausted and sink.points[-1][M.WALL_TIME_S] >= 0.2
