@@ -4,7 +4,7 @@ Each case runs a built-in scenario restricted to one engine (2 workers, 3 seeds)
 store under ``crossrl-results/learning`` and passes when the median seed reaches the target within
 the budget. Every case appends its row (engine, scenario, random play's mean return over 200 episodes, seeds
 reaching the target, median env steps and wall seconds to target, median final return) to
-``crossrl-results/learning/table.md``, the table in the README. A multi-agent scenario's returns are team returns.
+``crossrl-results/learning/table.md``, the table in docs/learning.md. A multi-agent scenario's returns are team returns.
 """
 
 from __future__ import annotations
