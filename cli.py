@@ -142,7 +142,7 @@ def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
     """The checked spec and its path; exit 2 with one line per problem, including an env that cannot be
     built with the spec's kwargs (built once, as the engines build it, before anything runs or is stored) and spaces
     the algorithm or the model cannot take; warnings (hyperparameters the algorithm does not read) go to stderr."""
-    from crossrl.adapters.probes import validate_probes
+    from crossrl.orchestration.probes import validate_probes
     from crossrl.scenarios.checks import check_scenario
 
     checked = check_scenario(spec, validate_probes(), overrides=overrides, trials=False)
@@ -165,7 +165,7 @@ def validate(
     fields, values, env id and kwargs (the env is built once), its spaces against the algorithm and the model,
     batch sizes, what each engine can run (RLlib's own config checks too); exit 2 when something is wrong or no
     trial can run. Nothing trains and no Ray starts."""
-    from crossrl.adapters.probes import validate_probes
+    from crossrl.orchestration.probes import validate_probes
     from crossrl.scenarios.checks import check_scenario, check_table, show_lines
     from crossrl.scenarios.table import is_table
 
@@ -397,8 +397,8 @@ def run(
 ) -> None:
     """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
     from crossrl.adapters.registry import require_supported
-    from crossrl.adapters.runner import run_scenario
-    from crossrl.adapters.signals import Interrupted, stop_on_signals
+    from crossrl.orchestration.runner import run_scenario
+    from crossrl.orchestration.signals import Interrupted, stop_on_signals
     from crossrl.reports.console import RunDisplay
     from crossrl.reports.journal import JournalError
     from crossrl.reports.store import StoreError
@@ -488,8 +488,8 @@ def tune(
     """Search each engine's hyperparameters on Ray Tune (the spec's search section: the same space and budget for
     every engine), then run each engine's best configuration and the spec's own setting on the test seeds."""
     from crossrl.adapters.registry import require_supported
-    from crossrl.adapters.signals import Interrupted, stop_on_signals
-    from crossrl.adapters.tuning import run_tune
+    from crossrl.orchestration.signals import Interrupted, stop_on_signals
+    from crossrl.orchestration.tuning import run_tune
     from crossrl.reports.console import RunDisplay, tune_summary
     from crossrl.reports.store import StoreError
     from crossrl.scenarios import metrics as M
@@ -560,8 +560,8 @@ def fidelity(
     through crossrl's adapter, then the same seeds through the engine's own loop (RLlib: build_algo() and train() on
     the adapter's stored config; TorchRL: its PPO reference loop), then env steps to target, final return and env
     steps per second compared with CIs (docs/fidelity.md)."""
-    from crossrl.adapters.fidelity.compare import fidelity_problems, run_fidelity
-    from crossrl.adapters.signals import Interrupted, stop_on_signals
+    from crossrl.measure.fidelity.compare import fidelity_problems, run_fidelity
+    from crossrl.orchestration.signals import Interrupted, stop_on_signals
     from crossrl.reports.console import RunDisplay
     from crossrl.reports.fidelity import load_fidelity, markdown, write_report
     from crossrl.reports.store import StoreError
@@ -666,7 +666,7 @@ def evaluate(
     from rich.table import Table
 
     from crossrl.adapters.checkpoints import CheckpointMismatch
-    from crossrl.adapters.evaluate import EVAL_TAGS, EvaluateError, evaluate, newest_checkpoint, trials_to_evaluate
+    from crossrl.orchestration.evaluate import EVAL_TAGS, EvaluateError, evaluate, newest_checkpoint, trials_to_evaluate
     from crossrl.reports.store import StoreError
 
     store = _open_store(tracking_uri, results_dir)
@@ -803,9 +803,9 @@ def ab(
 
     Exit 0: no regression; 1: a regression; 2: unusable input (unknown revision, other pinned requirements).
     """
-    from crossrl.adapters.bench.ab import ABError, markdown, run_ab
-    from crossrl.adapters.bench.commands import SAMPLING_ENGINES
-    from crossrl.adapters.signals import Interrupted, stop_on_signals
+    from crossrl.measure.bench.ab import ABError, markdown, run_ab
+    from crossrl.measure.bench.commands import SAMPLING_ENGINES
+    from crossrl.orchestration.signals import Interrupted, stop_on_signals
     from crossrl.reports.regress import junit_xml
 
     engines = tuple(e.strip() for e in engines_.split(",") if e.strip())
@@ -966,8 +966,8 @@ def table_run(
 ) -> None:
     """Run every cell of a table (each an ordinary scenario, one after another; cells an engine cannot run are
     recorded SKIPPED with the reason), then render the table from the store."""
-    from crossrl.adapters.runner import run_scenario
-    from crossrl.adapters.signals import Interrupted, stop_on_signals
+    from crossrl.orchestration.runner import run_scenario
+    from crossrl.orchestration.signals import Interrupted, stop_on_signals
     from crossrl.reports.console import RunDisplay
     from crossrl.reports.store import StoreError
     from crossrl.scenarios import metrics as M
@@ -1182,8 +1182,8 @@ def bench_sampling_cmd(
     With --sweep: crossrl, RLlib and TorchRL only, each over its layouts at one worker count (the largest of
     --workers); the figures go to --json (default: RESULTS_DIR/bench/sampling-sweep-ENV-TIME.json) and a PNG beside it.
     """
-    from crossrl.adapters.bench.commands import bench_sampling
-    from crossrl.adapters.bench.results import print_speed_table
+    from crossrl.measure.bench.commands import bench_sampling
+    from crossrl.measure.bench.results import print_speed_table
 
     console = _console()
     spec_kw: dict[str, Any] = {}
@@ -1194,9 +1194,9 @@ def bench_sampling_cmd(
     if sweep:
         import time
 
-        from crossrl.adapters.bench.commands import bench_sampling_sweep
-        from crossrl.adapters.bench.layouts import SWEEP_ENGINES
-        from crossrl.adapters.bench.results import layout_sweep_figure, print_layout_sweep
+        from crossrl.measure.bench.commands import bench_sampling_sweep
+        from crossrl.measure.bench.layouts import SWEEP_ENGINES
+        from crossrl.measure.bench.results import layout_sweep_figure, print_layout_sweep
 
         counts = _csv_ints(workers, "--workers") or [2]
         swept = tuple(e for e in engine_names if e in SWEEP_ENGINES)
@@ -1263,8 +1263,8 @@ def bench_scaling_cmd(
     no_store: NoStore = False,
 ) -> None:
     """Speedup and parallel efficiency against workers on an env whose steps cost wall time, not CPU."""
-    from crossrl.adapters.bench.commands import bench_scaling
-    from crossrl.adapters.bench.results import print_speed_table
+    from crossrl.measure.bench.commands import bench_scaling
+    from crossrl.measure.bench.results import print_speed_table
 
     console = _console()
     table = bench_scaling(
@@ -1297,7 +1297,7 @@ def bench_transport_cmd(
 ) -> None:
     """What carrying one fragment (and new weights) costs on each sample transport, with sampling taken out: CPU of
     the evaluator and the driver, and wall time, per fragment, interleaved rounds."""
-    from crossrl.adapters.bench.transport import bench_transport, print_transport_table
+    from crossrl.measure.bench.transport import bench_transport, print_transport_table
 
     console = _console()
     table = bench_transport(env_id=env, fragment=fragment, envs=envs, fragments=fragments, repeat=repeat,
@@ -1323,8 +1323,8 @@ def bench_e2e_cmd(
 ) -> None:
     """PPO CartPole-v1 wall seconds to return 450 per engine (the cartpole-ppo scenario, real runner), and each
     against the limit: its env steps through the raw env alone plus crossrl's learner alone, timed in the same run."""
-    from crossrl.adapters.bench.commands import bench_e2e
-    from crossrl.adapters.bench.results import print_e2e_table
+    from crossrl.measure.bench.commands import bench_e2e
+    from crossrl.measure.bench.results import print_e2e_table
     from crossrl.reports.store import ResultsStore
 
     console = _console()
@@ -1355,8 +1355,8 @@ def bench_sweep_cmd(
     no_store: NoStore = False,
 ) -> None:
     """A scenario's sweep on a Ray cluster, fanned out (--parallel N) then one trial at a time: both wall times."""
-    from crossrl.adapters.bench.commands import bench_sweep
-    from crossrl.adapters.bench.results import print_sweep_table
+    from crossrl.measure.bench.commands import bench_sweep
+    from crossrl.measure.bench.results import print_sweep_table
     from crossrl.scenarios.loader import SpecError
 
     if not ray_address:
@@ -1382,8 +1382,8 @@ def bench_overhead_cmd(
     no_store: NoStore = False,
 ) -> None:
     """crossrl's own cost: store logging share, report build time, CLI start time, RSS per worker."""
-    from crossrl.adapters.bench.commands import bench_overhead
-    from crossrl.adapters.bench.results import print_overhead
+    from crossrl.measure.bench.commands import bench_overhead
+    from crossrl.measure.bench.results import print_overhead
 
     console = _console()
     overhead = bench_overhead(progress=console.print)
@@ -1439,7 +1439,7 @@ def ui(
     results_dir: ResultsDir = Path("crossrl-results"),
 ) -> None:
     """Start the MLflow UI on 127.0.0.1 over the same store and print its URL; Ctrl-C, SIGTERM or SIGHUP stop it."""
-    from crossrl.adapters.procs import run_until_stopped
+    from crossrl.orchestration.procs import run_until_stopped
     from crossrl.reports.store import is_embedded, resolve_tracking_uri
     from crossrl.reports.ui import server_command
 

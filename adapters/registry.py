@@ -101,7 +101,7 @@ BUILTIN: dict[str, EngineInfo] = {
         id="torchrl",
         target="crossrl.adapters.torchrl:TorchrlAdapter",
         policy_loader="crossrl.adapters.torchrl:load_policy",
-        multi_agent_target="crossrl.adapters.torchrl_multi:TorchrlMultiAgentAdapter",
+        multi_agent_target="crossrl.adapters.torchrl:TorchrlMultiAgentAdapter",
         description="TorchRL 0.14: collectors, losses and value estimators",
         supported={
             "ppo": "ClipPPOLoss + GAE; Collector / MultiSyncCollector",

@@ -5,7 +5,7 @@ declared space, is the user's bug, not a lost worker: the guard raises :class:`E
 naming what, where and at which env step. Engines that end a trial on a worker's exception (crossrl's core,
 TorchRL) fail with that message; an engine that restarts the worker instead (RLlib restarts an env runner
 whose sample raised) would retry the same bug until the wall budget. So the guard also reports the fault to
-the trial's watcher (``crossrl.adapters.watch``), which ends the trial FAILED on every engine alike.
+the trial's watcher (``crossrl.orchestration.watch``), which ends the trial FAILED on every engine alike.
 
 The channel is a folder named by the environment variable :data:`WATCH_DIR_ENV`, set by the runner for the
 trial's process and inherited by the processes it starts (Ray's workers on a local cluster; a sweep's hosts

@@ -2,7 +2,7 @@
 
 :func:`build_mlp` builds the spec's MLP; :func:`build_net` puts the spec's conv stack
 (:func:`build_conv_trunk`) before it when the spec has one. TorchRL builds its conv stack with its own
-``ConvNet`` (``crossrl.adapters.torchrl_algos``) and RLlib with its CNN encoder; both match these layer
+``ConvNet`` (``crossrl.adapters.torchrl.algorithms``) and RLlib with its CNN encoder; both match these layer
 for layer (the tests count the parameters).
 """
 

@@ -11,7 +11,7 @@
   --skip-unsupported), and what the engine's adapter refuses once the trial starts (such a trial would end FAILED).
 
 Building envs and knowing the engines belong to the layers above this one (crossrl.core, crossrl.adapters): they
-come in as :class:`Probes`, which `crossrl validate` fills with crossrl's own (``crossrl.adapters.probes.validate_probes``).
+come in as :class:`Probes`, which `crossrl validate` fills with crossrl's own (``crossrl.orchestration.probes.validate_probes``).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class EnvSpaces:
 class Probes:
     """What the checks learn from the layers above this one (scenarios/ imports nothing else from crossrl):
     crossrl.core builds envs, crossrl.adapters knows the engines. `crossrl validate` passes crossrl's own
-    (``crossrl.adapters.probes.validate_probes``)."""
+    (``crossrl.orchestration.probes.validate_probes``)."""
 
     engine_ids: Collection[str]
     env_problems: Callable[[EnvSpec], list[str]]  # the env built as the engines build it: one line per problem

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from crossrl.adapters import rllib as R
-from crossrl.adapters.torchrl import env_dims
-from crossrl.adapters.torchrl_algos import build_learner
+from crossrl.adapters.rllib import adapter as R
+from crossrl.adapters.torchrl.adapter import env_dims
+from crossrl.adapters.torchrl.algorithms import build_learner
 from crossrl.core import algorithms
 from crossrl.core.envs import make_env
 from crossrl.scenarios.spec import ScenarioSpec, Trial

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from crossrl.adapters import rllib as R
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import BUILTIN
+from crossrl.adapters.rllib import adapter as R
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import Hyperparams, ScenarioSpec, Trial

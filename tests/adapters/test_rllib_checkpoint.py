@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from crossrl.adapters import checkpoints
-from crossrl.adapters import rllib as R
 from crossrl.adapters.base import ListSink
+from crossrl.adapters.rllib import adapter as R
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 

@@ -1,4 +1,4 @@
-"""RLlib on multi-agent envs (crossrl.adapters.rllib_multi): the ma-smoke trial (MPE simple_spread, 3 agents) in-process
+"""RLlib on multi-agent envs (crossrl.adapters.rllib.multi_agent): the ma-smoke trial (MPE simple_spread, 3 agents) in-process
 with a shared policy, one policy per agent and named groups; the team return is the sum of the agents' returns, every
 policy reports its losses, batches count env steps, and a policy's RLModule has crossrl's parameter count."""
 
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from ma_points import AGENTS, GROUPS, check_points
 
-from crossrl.adapters import rllib as R
-from crossrl.adapters import rllib_multi as RM
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import BUILTIN, unsupported
+from crossrl.adapters.rllib import adapter as R
+from crossrl.adapters.rllib import multi_agent as RM
 from crossrl.core import algorithms
 from crossrl.core.envs import agent_spaces, make_parallel_env
 from crossrl.scenarios.loader import load

@@ -13,7 +13,7 @@ from tensordict import TensorDict
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import BUILTIN
-from crossrl.adapters.torchrl import (
+from crossrl.adapters.torchrl.adapter import (
     HYPERPARAM_MAP,
     TorchrlAdapter,
     completed_episodes,

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-import crossrl.adapters.torchrl as torchrl_adapter
-import crossrl.adapters.torchrl_multi as torchrl_multi
+import crossrl.adapters.torchrl.adapter as torchrl_adapter
+import crossrl.adapters.torchrl.multi_agent as torchrl_multi
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.checkpoints import ENGINE_DIR, checkpoints, read_meta
 from crossrl.adapters.registry import load_adapter
-from crossrl.adapters.torchrl import TorchrlAdapter, collector_seed, frames_per_batch, load_policy
-from crossrl.adapters.torchrl_algos import LEARNER_FILE, REPLAY_DIR, build_learner, learned_state, read_state
+from crossrl.adapters.torchrl.adapter import TorchrlAdapter, collector_seed, frames_per_batch, load_policy
+from crossrl.adapters.torchrl.algorithms import LEARNER_FILE, REPLAY_DIR, build_learner, learned_state, read_state
 from crossrl.core.envs import make_env
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import load

@@ -1,4 +1,4 @@
-"""TorchRL on multi-agent envs (crossrl.adapters.torchrl_multi): the ma-smoke trial (MPE simple_spread, 3 agents)
+"""TorchRL on multi-agent envs (crossrl.adapters.torchrl.multi_agent): the ma-smoke trial (MPE simple_spread, 3 agents)
 in-process with a shared policy, one policy per agent and named groups; the team return is the sum of the agents'
 returns, every policy reports its losses, and a policy's networks have crossrl's parameter count."""
 
@@ -14,8 +14,8 @@ from tensordict import TensorDict
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import BUILTIN, load_adapter, unsupported
-from crossrl.adapters.torchrl import frames_per_batch
-from crossrl.adapters.torchrl_multi import GroupLearner, completed_ma_episodes, ma_env_dims
+from crossrl.adapters.torchrl.adapter import frames_per_batch
+from crossrl.adapters.torchrl.multi_agent import GroupLearner, completed_ma_episodes, ma_env_dims
 from crossrl.core import algorithms
 from crossrl.core.envs import agent_spaces, make_parallel_env
 from crossrl.core.models import build_mlp, count_params

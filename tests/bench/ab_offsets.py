@@ -17,11 +17,11 @@ import time
 import psutil
 import ray
 
-from crossrl.adapters.bench.contestants import alg_defaults, getpid, pin, process_cpu_s, ray_up
-from crossrl.adapters.bench.nolearn import NoLearnPolicy
-from crossrl.adapters.bench.samplers import DEFAULT_MODEL
 from crossrl.adapters.crossrl import start_core
 from crossrl.core.algorithms import load
+from crossrl.measure.bench.contestants import alg_defaults, getpid, pin, process_cpu_s, ray_up
+from crossrl.measure.bench.nolearn import NoLearnPolicy
+from crossrl.measure.bench.samplers import DEFAULT_MODEL
 from crossrl.scenarios.spec import EnvSpec
 
 FRAGMENT = 500

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from crossrl.adapters.bench.layouts import (
+from crossrl.measure.bench.layouts import (
     SWEEP_ENGINES,
     candidates,
     fixed_layout,
@@ -23,8 +23,8 @@ from crossrl.adapters.bench.layouts import (
     sweep,
     total_envs,
 )
-from crossrl.adapters.bench.results import print_layout_sweep
-from crossrl.adapters.bench.samplers import BenchError, SamplerResult
+from crossrl.measure.bench.results import print_layout_sweep
+from crossrl.measure.bench.samplers import BenchError, SamplerResult
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.spec import EnvSpec, ModelSpec
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from crossrl.adapters.bench.commands import _time_help, _time_report_builds, _timed_store, help_command
+from crossrl.measure.bench.commands import _time_help, _time_report_builds, _timed_store, help_command
 
 
 def test_timed_store_times_real_log_points(results_dir: Path) -> None:

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from crossrl.adapters.bench import commands
-from crossrl.adapters.bench.contestants import setup_limit
-from crossrl.adapters.bench.results import SpeedTable, print_speed_table, speed_rows
-from crossrl.adapters.bench.samplers import DEFAULT_MODEL, SamplerResult, default_model
+from crossrl.measure.bench import commands
+from crossrl.measure.bench.contestants import setup_limit
+from crossrl.measure.bench.results import SpeedTable, print_speed_table, speed_rows
+from crossrl.measure.bench.samplers import DEFAULT_MODEL, SamplerResult, default_model
 from crossrl.scenarios import catalog
 from crossrl.scenarios.loader import load
 from crossrl.scenarios.spec import EnvSpec, ModelSpec

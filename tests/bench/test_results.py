@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from crossrl.adapters.bench.results import (
+from crossrl.measure.bench.results import (
     E2ERow,
     E2ETable,
     Overhead,
@@ -19,7 +19,7 @@ from crossrl.adapters.bench.results import (
     print_speed_table,
     speed_rows,
 )
-from crossrl.adapters.bench.samplers import SamplerResult
+from crossrl.measure.bench.samplers import SamplerResult
 
 
 def _r(engine: str, workers: int, *xs: float, optimizer: str | None = None) -> SamplerResult:
@@ -212,8 +212,8 @@ def test_printers_show_the_figures() -> None:
 
 
 def test_e2e_table_from_runner_results() -> None:
-    from crossrl.adapters.bench.commands import e2e_table
-    from crossrl.adapters.runner import RunOutcome, TrialResult
+    from crossrl.measure.bench.commands import e2e_table
+    from crossrl.orchestration.runner import RunOutcome, TrialResult
     from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import load
 
@@ -255,7 +255,7 @@ def test_e2e_table_from_runner_results() -> None:
 
 
 def test_auto_fragment_is_what_ppo_samples_with() -> None:
-    from crossrl.adapters.bench.commands import auto_fragment
+    from crossrl.measure.bench.commands import auto_fragment
 
     assert auto_fragment(1, 8) == 500 and auto_fragment(2, 8) == 250 and auto_fragment(3, 8) == 167
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from crossrl.adapters.bench.contestants import time_windows
-from crossrl.adapters.bench.samplers import SAMPLERS, BenchError, measure
+from crossrl.measure.bench.contestants import time_windows
+from crossrl.measure.bench.samplers import SAMPLERS, BenchError, measure
 from crossrl.scenarios.spec import EnvSpec
 
 CARTPOLE = EnvSpec(id="CartPole-v1")
@@ -81,8 +81,8 @@ SPREAD = EnvSpec(
 def test_raw_multi_agent_contestant_counts_joint_steps() -> None:
     """A multi-agent env's raw contestant: PettingZoo envs stepped with random joint actions, one env step per
     joint step of one env copy, across episode ends (25 steps each here)."""
-    from crossrl.adapters.bench.contestants import setup_raw
-    from crossrl.adapters.bench.samplers import DEFAULT_MODEL
+    from crossrl.measure.bench.contestants import setup_raw
+    from crossrl.measure.bench.samplers import DEFAULT_MODEL
 
     c = setup_raw(env_spec=SPREAD, workers=2, envs_per_worker=3, model=DEFAULT_MODEL, fragment=40)
     try:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from ray_nodes import Cluster
 
-from crossrl.adapters.tuning import SEARCH_KIND
+from crossrl.orchestration.tuning import SEARCH_KIND
 from crossrl.reports.store import ResultsStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]

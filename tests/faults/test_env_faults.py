@@ -157,7 +157,7 @@ def test_an_env_that_hangs_from_its_first_steps_costs_the_probe_its_limit_not_th
 @pytest.mark.integration
 @pytest.mark.system
 def test_a_sweep_fanned_out_over_ray_fails_a_broken_env_trial_from_its_host(tmp_path: Path) -> None:
-    """`--parallel 2` runs each trial in a Ray actor (crossrl.adapters.fanout): the host watches its trial's env guard
+    """`--parallel 2` runs each trial in a Ray actor (crossrl.orchestration.fanout): the host watches its trial's env guard
     folder as the runner does, so RLlib's trial ends FAILED with the env's error instead of restarting its env runner."""
     results, mark = tmp_path / "results", uuid.uuid4().hex
     spec = _spec(tmp_path, "raise", engines=["crossrl", "rllib"], kwargs={"after_s": 5})

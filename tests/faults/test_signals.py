@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from crossrl.adapters.signals import Interrupted, deferred_signals, stop_on_signals
+from crossrl.orchestration.signals import Interrupted, deferred_signals, stop_on_signals
 from crossrl.reports.store import ResultsStore
 
 CLI = [sys.executable, "-m", "crossrl.cli"]

@@ -25,7 +25,7 @@ import pytest
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import engine_ids
-from crossrl.adapters.runner import run_scenario
+from crossrl.orchestration.runner import run_scenario
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import validate
@@ -103,7 +103,7 @@ def test_crossrl_restarts_a_killed_evaluator() -> None:
 
 @pytest.mark.integration
 def test_rllib_restarts_a_killed_env_runner() -> None:
-    from crossrl.adapters.rllib import RllibAdapter
+    from crossrl.adapters.rllib.adapter import RllibAdapter
 
     killed: list[int] = []
 
@@ -150,7 +150,7 @@ def test_torchrl_fails_with_the_dead_worker_named(results_dir: Path) -> None:
         if event != "point" or killed:
             return
         (trial_proc,) = [
-            p for p in psutil.Process().children() if "crossrl.adapters.trial_proc" in " ".join(p.cmdline())
+            p for p in psutil.Process().children() if "crossrl.orchestration.trial_proc" in " ".join(p.cmdline())
         ]
         workers = _collector_workers(trial_proc.pid)
         assert len(workers) == 2, workers
@@ -181,7 +181,7 @@ def test_torchrl_worker_killed_while_learning_or_syncing_fails_instead_of_hangin
 ) -> None:
     """After the second batch: in ``learn`` (the adapter checks the workers before sending weights), or
     inside ``update_policy_weights_`` (TorchRL waits for the dead worker's ack; the adapter's watch ends it)."""
-    from crossrl.adapters import torchrl as TR
+    from crossrl.adapters.torchrl import adapter as TR
 
     killed: list[int] = []
 

@@ -60,7 +60,7 @@ def commit_without_redraws(repo: Path, scratch: Path) -> str:
     """A commit (child of HEAD, reachable from no branch) whose measurement server speaks the protocol from
     before redraws: its first reply has no ``can_redraw``. Built from HEAD's tree, so the test needs no history
     (a CI clone may be shallow)."""
-    path = "adapters/bench/contestants.py"
+    path = "measure/bench/contestants.py"
     source = subprocess.run(["git", "-C", str(repo), "show", f"HEAD:{path}"], capture_output=True, text=True,
                             check=True).stdout  # fmt: skip
     old = '"iteration_s": iteration_s, "can_redraw": can_redraw, '

@@ -17,8 +17,8 @@ import pytest
 import ray
 from ray import tune
 
-from crossrl.adapters.tuning import pbt_clock
 from crossrl.core import cluster
+from crossrl.orchestration.tuning import pbt_clock
 
 pytestmark = pytest.mark.integration
 

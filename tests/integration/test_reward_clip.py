@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from crossrl.adapters.registry import engine_ids
-from crossrl.adapters.runner import run_scenario
+from crossrl.orchestration.runner import run_scenario
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import validate

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from crossrl.adapters.tuning import LINEAGE_ARTIFACT, SEARCH_KIND, TUNED_KIND
+from crossrl.orchestration.tuning import LINEAGE_ARTIFACT, SEARCH_KIND, TUNED_KIND
 from crossrl.reports.store import ResultsStore
 
 CLI = [sys.executable, "-m", "crossrl.cli"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from crossrl.adapters.runner import run_scenario
 from crossrl.core.envs import random_returns
+from crossrl.orchestration.runner import run_scenario
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.loader import load
 

@@ -11,8 +11,8 @@ import numpy as np
 from PIL import GifImagePlugin, Image
 
 from crossrl.adapters.base import ListSink
-from crossrl.adapters.trials import TrialRecorder
 from crossrl.core.clips import encode_clip
+from crossrl.orchestration.trials import TrialRecorder
 from crossrl.reports.api import make_report
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.loader import validate

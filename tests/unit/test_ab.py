@@ -13,7 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossrl.adapters.bench.ab import ABError, checkout, repo_root, requirement_differences, resolve, verdict
+from crossrl.measure.bench.ab import (
+    ABError,
+    checkout,
+    child_module,
+    repo_root,
+    requirement_differences,
+    resolve,
+    verdict,
+)
 from crossrl.reports.regress import IMPROVED, OK, REGRESSION
 from crossrl.reports.stats import PairedRatio, paired_ratio_ci
 
@@ -117,8 +125,19 @@ def test_the_base_is_importable_as_crossrl_from_its_own_tree(clone: Path) -> Non
     with checkout(clone, base) as path:
         assert "six" not in (path / "crossrl" / "requirements.txt").read_text()
         out = subprocess.run(
-            [sys.executable, "-c", "import crossrl.adapters.bench.samplers as s; print(s.__file__)"],
+            [sys.executable, "-c", "import crossrl.measure.bench.samplers as s; print(s.__file__)"],
             env={"PYTHONPATH": str(path), "PATH": ""}, capture_output=True, text=True, check=True, cwd=path,
         ).stdout  # fmt: skip
         assert out.strip().startswith(str(path / "crossrl"))
     assert not path.exists()  # removed afterwards
+
+
+def test_a_base_from_before_the_measure_package_runs_its_own_measurement_module(tmp_path: Path) -> None:
+    """A base commit keeps its own layout: before the benchmarks moved to ``crossrl.measure`` its measurement process
+    was ``crossrl.adapters.bench._child``; the installed side always runs this tree's."""
+    (tmp_path / "crossrl" / "adapters" / "bench").mkdir(parents=True)
+    (tmp_path / "crossrl" / "adapters" / "bench" / "_child.py").write_text("")
+    assert child_module(tmp_path) == "crossrl.adapters.bench._child"
+    (tmp_path / "crossrl" / "measure" / "bench").mkdir(parents=True)
+    (tmp_path / "crossrl" / "measure" / "bench" / "_child.py").write_text("")
+    assert child_module(tmp_path) == child_module(None) == "crossrl.measure.bench._child"

@@ -1,4 +1,4 @@
-"""The env guard (core/envguard.py), the trial watch (adapters/watch.py) and the sink's divergence check, in-process
+"""The env guard (core/envguard.py), the trial watch (orchestration/watch.py) and the sink's divergence check, in-process
 with small envs of the tests' own; tests/faults/test_env_faults.py runs the same faults through every real engine."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from crossrl.adapters.base import ListSink, TrainingDiverged
-from crossrl.adapters.watch import TrialWatch
 from crossrl.core import envguard
 from crossrl.core.envguard import WATCH_DIR_ENV, EnvFault, EnvGuard, ParallelEnvGuard, VectorEnvGuard
+from crossrl.orchestration.watch import TrialWatch
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec
 
@@ -258,7 +258,7 @@ def test_other_nonfinite_values_are_left_out_of_the_point() -> None:
 
 
 def test_the_raw_speed_probe_ends_a_hanging_env_and_reports_a_crashing_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    from crossrl.adapters.runner import raw_speed_probe
+    from crossrl.orchestration.runner import raw_speed_probe
     from crossrl.scenarios.spec import EnvSpec
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")])))
@@ -276,7 +276,7 @@ def test_the_raw_speed_probe_ends_a_hanging_env_and_reports_a_crashing_one(monke
 def test_rllib_nan_losses_reach_the_sink_and_fail_the_trial() -> None:
     """RLlib's result translation keeps a NaN loss (it used to drop non-finite values, hiding divergence)."""
     pytest.importorskip("ray.rllib")
-    from crossrl.adapters.rllib import result_to_point
+    from crossrl.adapters.rllib.adapter import result_to_point
 
     result = {
         "env_runners": {"num_env_steps_sampled_lifetime": 512},

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from crossrl.adapters.fidelity.rllib_loop import settings_from
+from crossrl.measure.fidelity.rllib_loop import settings_from
 from crossrl.reports.fidelity import STEPS_PER_S, FidelityData, markdown, table
 from crossrl.scenarios import metrics as M
 

@@ -1,4 +1,4 @@
-"""TorchRL's own IMPALA loop (crossrl.adapters.fidelity.torchrl_impala, run by TorchrlNativeLoop for impala) on a
+"""TorchRL's own IMPALA loop (crossrl.measure.fidelity.torchrl_impala, run by TorchrlNativeLoop for impala) on a
 tiny CartPole trial, with the native config crossrl's TorchRL adapter stores for the same trial; and its one-line
 refusals."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from crossrl.adapters.base import ListSink
-from crossrl.adapters.fidelity import CONFIGS_ENV
-from crossrl.adapters.fidelity.torchrl_loop import TorchrlNativeLoop
-from crossrl.adapters.torchrl import TorchrlAdapter
+from crossrl.adapters.torchrl.adapter import TorchrlAdapter
+from crossrl.measure.fidelity import CONFIGS_ENV
+from crossrl.measure.fidelity.torchrl_loop import TorchrlNativeLoop
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 

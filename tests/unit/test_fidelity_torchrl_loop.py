@@ -1,4 +1,4 @@
-"""TorchRL's own PPO loop (crossrl.adapters.fidelity.torchrl_loop) on a tiny CartPole trial, with the native config
+"""TorchRL's own PPO loop (crossrl.measure.fidelity.torchrl_loop) on a tiny CartPole trial, with the native config
 crossrl's TorchRL adapter stores for the same trial; and its one-line refusals."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from crossrl.adapters.base import ListSink
-from crossrl.adapters.fidelity import CONFIGS_ENV
-from crossrl.adapters.fidelity.torchrl_loop import TorchrlNativeLoop
-from crossrl.adapters.torchrl import TorchrlAdapter
-from crossrl.adapters.watch import TrialWatch
+from crossrl.adapters.torchrl.adapter import TorchrlAdapter
 from crossrl.core import envguard
+from crossrl.measure.fidelity import CONFIGS_ENV
+from crossrl.measure.fidelity.torchrl_loop import TorchrlNativeLoop
+from crossrl.orchestration.watch import TrialWatch
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
@@ -125,7 +125,7 @@ def test_the_native_networks_start_as_the_specs_network_does() -> None:
     hidden layers, 0.01 on the policy's logits, 1.0 on the value), zero biases, as ``core.models.build_mlp``."""
     import torch
 
-    from crossrl.adapters.fidelity.torchrl_common import actor_critic
+    from crossrl.measure.fidelity.torchrl_common import actor_critic
 
     _, _, policy_net, value_net = actor_critic(make_trial(workers=1, env_steps=BATCH))
     for net, out_gain in ((policy_net, 0.01), (value_net, 1.0)):

@@ -1,9 +1,11 @@
 """The layers point one way, and no module imports another module's private names.
 
 ``scenarios/`` is the ground floor (it imports nothing else from crossrl); ``core/`` (the crossrl
-engine) and ``reports/`` stand on it and never on each other; ``adapters/`` stands on all three;
-``cli.py`` sits on top. Inside a layer no two modules import each other (directly or round a longer
-cycle). Read from the source with ``ast``, so an import inside a function counts too.
+engine) and ``reports/`` stand on it and never on each other; ``adapters/`` (the engines) stands on all
+three; ``orchestration/`` (running, supervising, resuming, fanning out and searching trials) on the
+engines; ``measure/`` (benchmarks, the A/B gate, the engines' own loops) on orchestration; ``cli.py``
+sits on top. Inside a layer no two modules import each other (directly or round a longer cycle). Read
+from the source with ``ast``, so an import inside a function counts too.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ ALLOWED: dict[str, set[str]] = {
     "core": {"scenarios", "core"},
     "reports": {"scenarios", "reports"},
     "adapters": {"scenarios", "core", "reports", "adapters"},
-    "cli": {"scenarios", "core", "reports", "adapters", "cli"},
+    "orchestration": {"scenarios", "core", "reports", "adapters", "orchestration"},
+    "measure": {"scenarios", "core", "reports", "adapters", "orchestration", "measure"},
+    "cli": {"scenarios", "core", "reports", "adapters", "orchestration", "measure", "cli"},
 }
 LAYERS = tuple(ALLOWED)
 
@@ -54,9 +58,10 @@ def check_layers(root: Path) -> list[str]:
             continue
         for line, module, names in _imports(ast.parse(path.read_text(), filename=str(rel))):
             parts = module.split(".")
-            target = parts[1] if len(parts) > 1 else None
+            # `from crossrl import cli` names its layers in the names taken
+            targets = {parts[1]} if len(parts) > 1 else set(names)
             what = f"from {module} import {', '.join(names)}" if names else f"import {module}"
-            if target in LAYERS and target not in ALLOWED[layer]:
+            if any(t in LAYERS and t not in ALLOWED[layer] for t in targets):
                 problems.append(f"{rel}:{line}: `{what}`: {layer}/ may import only {', '.join(sorted(ALLOWED[layer]))}")
             private = [n for n in names if n.startswith("_") and not n.startswith("__")]
             if private:
@@ -109,7 +114,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 
 def _copy_layers(dst: Path) -> None:
-    for name in ("scenarios", "core", "reports", "adapters"):
+    for name in ("scenarios", "core", "reports", "adapters", "orchestration", "measure"):
         shutil.copytree(ROOT / name, dst / name, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.json"))
     shutil.copy(ROOT / "cli.py", dst / "cli.py")
 
@@ -126,9 +131,18 @@ def test_a_planted_reverse_import_is_named(tmp_path: Path) -> None:
     )
     (tmp_path / "reports" / "planted.py").write_text("import crossrl.core.evaluator\n")
     (tmp_path / "core" / "planted.py").write_text("from crossrl.reports import stats\n")
+    (tmp_path / "adapters" / "planted.py").write_text("from crossrl.orchestration.runner import run_scenario\n")
+    (tmp_path / "orchestration" / "planted.py").write_text("import crossrl.measure.bench.ab\n")
+    (tmp_path / "measure" / "planted.py").write_text("from crossrl import cli\n")
     problems = check_layers(tmp_path)
     assert problems == [
+        "adapters/planted.py:1: `from crossrl.orchestration.runner import run_scenario`: adapters/ may import only"
+        " adapters, core, reports, scenarios",
         "core/planted.py:1: `from crossrl.reports import stats`: core/ may import only core, scenarios",
+        "measure/planted.py:1: `from crossrl import cli`: measure/ may import only adapters, core, measure,"
+        " orchestration, reports, scenarios",
+        "orchestration/planted.py:1: `import crossrl.measure.bench.ab`: orchestration/ may import only adapters,"
+        " core, orchestration, reports, scenarios",
         "reports/planted.py:1: `import crossrl.core.evaluator`: reports/ may import only reports, scenarios",
         "scenarios/planted.py:2: `from crossrl.adapters.registry import engine_ids`: scenarios/ may import only"
         " scenarios",
@@ -150,12 +164,28 @@ def test_no_two_modules_import_each_other() -> None:
 
 def test_a_planted_import_cycle_is_named(tmp_path: Path) -> None:
     _copy_layers(tmp_path)
-    (tmp_path / "adapters" / "bench" / "planted_a.py").write_text("from crossrl.adapters.bench import planted_b\n")
-    (tmp_path / "adapters" / "bench" / "planted_b.py").write_text(
-        "def f():\n    from crossrl.adapters.bench.planted_a import g\n"
+    (tmp_path / "measure" / "bench" / "planted_a.py").write_text("from crossrl.measure.bench import planted_b\n")
+    (tmp_path / "measure" / "bench" / "planted_b.py").write_text(
+        "def f():\n    from crossrl.measure.bench.planted_a import g\n"
     )
     assert find_cycle(_module_graph(tmp_path)) == [
-        "crossrl.adapters.bench.planted_a",
-        "crossrl.adapters.bench.planted_b",
-        "crossrl.adapters.bench.planted_a",
+        "crossrl.measure.bench.planted_a",
+        "crossrl.measure.bench.planted_b",
+        "crossrl.measure.bench.planted_a",
     ]
+
+
+def _may_import(docstring: str) -> set[str]:
+    """The layers a package's opening docstring says it may import (its ``May import:`` paragraph)."""
+    said = docstring.split("May import:", 1)[1].split("never", 1)[0].split("\n\n", 1)[0]
+    return {word.split(".")[1] for word in said.replace("`", " ").split() if word.startswith("crossrl.")}
+
+
+def test_each_layer_says_what_it_holds_and_what_it_may_import() -> None:
+    """Each layer package opens with a docstring whose ``May import:`` is the rule this test holds."""
+    for layer in LAYERS:
+        if layer == "cli":
+            continue
+        doc = ast.get_docstring(ast.parse((ROOT / layer / "__init__.py").read_text()))
+        assert doc and "May import:" in doc, f"{layer}/__init__.py: no opening docstring with 'May import:'"
+        assert _may_import(doc) == ALLOWED[layer] - {layer}, (layer, _may_import(doc))

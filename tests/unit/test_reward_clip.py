@@ -8,8 +8,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from crossrl.adapters.rllib import chunk_score
-from crossrl.adapters.torchrl import clip_rewards_
+from crossrl.adapters.rllib.adapter import chunk_score
+from crossrl.adapters.torchrl.adapter import clip_rewards_
 from crossrl.core import sample_batch as sb
 from crossrl.core.algorithms import load
 from crossrl.core.envs import SCORE_KEY, SignRewardKeepScore, make_env
@@ -116,7 +116,7 @@ def test_torchrl_batch_clipped_after_the_episode_returns_are_read() -> None:
 
 
 def test_rllib_env_creator_wraps_the_env_only_when_clipping() -> None:
-    from crossrl.adapters.rllib import env_creator
+    from crossrl.adapters.rllib.adapter import env_creator
 
     clipped = env_creator({"env_spec": EnvSpec(id="ALE/Breakout-v5").model_dump(mode="json")})
     plain = env_creator({"env_spec": EnvSpec(id="MinAtar/Breakout-v1").model_dump(mode="json")})
@@ -172,7 +172,7 @@ class _Sink:
 
 @pytest.mark.parametrize("reward_clip", [True, False])
 def test_torchrl_train_loop_hands_the_learner_clipped_rewards_and_reports_raw_returns(reward_clip: bool) -> None:
-    from crossrl.adapters.torchrl import train_loop
+    from crossrl.adapters.torchrl.adapter import train_loop
 
     data = TensorDict(
         {

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from crossrl.adapters.registry import engine_ids
-from crossrl.adapters.runner import run_scenario
-from crossrl.adapters.trials import summarize
+from crossrl.orchestration.runner import run_scenario
+from crossrl.orchestration.trials import summarize
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.loader import validate
 
@@ -153,7 +153,7 @@ def test_real_engine_crash_is_failed_with_traceback_and_the_next_trial_runs(
 
 
 def test_ctrl_c_during_a_store_write_is_raised_after_it() -> None:
-    from crossrl.adapters.signals import deferred_signals
+    from crossrl.orchestration.signals import deferred_signals
 
     finished = []
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # may be SIG_IGN under a background shell

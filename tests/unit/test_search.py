@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from crossrl.adapters.trials import TrialResult
-from crossrl.adapters.tuning import _within, best_of, bounds_of, rank_key
+from crossrl.orchestration.trials import TrialResult
+from crossrl.orchestration.tuning import _within, best_of, bounds_of, rank_key
 from crossrl.scenarios.loader import SpecError, load_raw, validate
 from crossrl.scenarios.spec import Distribution, SearchSpec
 
@@ -137,7 +137,7 @@ def test_the_best_configuration_ran_its_whole_budget_then_by_the_search_metric()
 def test_a_pbt_member_restarted_on_new_hosts_keeps_what_each_host_used() -> None:
     """Synchronous PBT restarts a member in a new host at each step; each host measures from zero. The member's run
     records the CPU seconds of all of them and the highest peak, not the last host's alone."""
-    from crossrl.adapters.tuning import Recorder, _Member
+    from crossrl.orchestration.tuning import Recorder, _Member
 
     class Rec:
         ended: dict[str, Any] = {}

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from crossrl.adapters.registry import engine_ids
-from crossrl.adapters.runner import run_scenario
+from crossrl.orchestration.runner import run_scenario
 from crossrl.reports.runs import past_runs
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.catalog import ALGORITHMS

@@ -10,7 +10,7 @@ from torchrl.modules import ValueOperator
 from torchrl.objectives.value import VTrace
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
-from crossrl.adapters.torchrl_algos import ACTION_KEY, OBS_KEY, build_actor, vtrace_taken_actions
+from crossrl.adapters.torchrl.algorithms import ACTION_KEY, OBS_KEY, build_actor, vtrace_taken_actions
 from crossrl.core.models import build_mlp
 from crossrl.scenarios.spec import ModelSpec
 

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from crossrl.adapters.probes import validate_probes
 from crossrl.cli import app
+from crossrl.orchestration.probes import validate_probes
 from crossrl.scenarios.catalog import CROSSRL_SETTINGS, HYPERPARAM_DEFAULTS
 from crossrl.scenarios.checks import check_scenario, check_table, hyperparams_read, unread_hyperparams
 from crossrl.scenarios.loader import SpecError, load, validate
@@ -260,7 +260,7 @@ def test_conditional_hyperparameters() -> None:
 def test_what_each_algorithm_reads_agrees_with_the_engines() -> None:
     """Every name an engine maps for an algorithm is one it reads; every name it has a default for is read, except
     those each engine documents as unused (V-trace's lambda); crossrl's own settings with a shared name too."""
-    from crossrl.adapters import rllib
+    from crossrl.adapters.rllib import adapter as rllib
 
     for alg, names in rllib.HYPERPARAM_MAP.items():
         assert set(names) <= hyperparams_read(alg), alg

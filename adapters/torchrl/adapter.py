@@ -1,0 +1,540 @@
+"""TorchRL 0.14 engine: TorchRL's envs, collectors, losses and value estimators behind crossrl's Adapter.
+
+Each worker steps ``envs_per_worker`` copies of :func:`crossrl.core.envs.make_env` (the very same
+gymnasium env, step latency included) through ``GymWrapper`` inside a ``SerialEnv``: one process per
+worker stepping its envs one after another, as crossrl's core and RLlib's env runners do (a
+``ParallelEnv`` would add one process per env on top, which a 2-core machine cannot feed).
+``StepCounter`` and ``RewardSum`` transforms give each finished episode's length and return.
+
+Collectors: ``Collector`` (one worker, in this process), ``MultiSyncCollector`` (several local
+workers; PPO, A2C, DQN), ``MultiAsyncCollector`` (A3C-style and IMPALA: workers keep sampling with
+stale weights while the learner trains), ``RayCollector`` when the trial names a Ray cluster. The
+learners (losses, estimators, replay) live in :mod:`crossrl.adapters.torchrl.algorithms`.
+
+Checkpoints (:func:`train_loop`): the learner's whole state (``learner.save(folder)``: networks, target networks,
+Adam, counters, epsilon, DQN's replay buffer). A resumed trial restores it, pushes the weights to the collector
+and counts on from the checkpoint's env steps; its collector's envs start from reset (episodes in flight at the
+checkpoint are not saved) and are seeded anew (:func:`collector_seed`). :func:`load_policy` rebuilds a saved
+policy without envs or collector.
+"""
+
+from __future__ import annotations
+
+import functools
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torchrl
+from tensordict import TensorDictBase
+from torchrl.envs import Compose, EnvBase, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
+
+from crossrl.adapters.base import MetricSink, send_clip
+from crossrl.adapters.checkpoints import ENGINE_DIR
+from crossrl.adapters.checkpoints import resume_seed as collector_seed
+from crossrl.adapters.torchrl.algorithms import build_learner, check_algorithm, read_state
+from crossrl.core.envs import make_env
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
+from crossrl.scenarios.spec import EnvSpec, Trial
+
+ON_POLICY_SYNC = ("ppo", "a2c")
+ASYNC = ("a3c", "impala")
+UNBOUNDED_FRAMES = 10**15  # RayCollector's total_frames for a trial budgeted in time only
+
+
+@dataclass(frozen=True)
+class HpMapping:
+    """One shared hyperparameter as TorchRL sees it, for the algorithms listed."""
+
+    shared: str
+    algorithms: tuple[str, ...]
+    torchrl: str  # where the value goes in TorchRL (class(argument=)), or "-" when nothing takes it
+    meaning: str
+    difference: str = ""  # what cannot be equalized, if anything
+
+
+_PG = ("ppo", "a2c", "a3c", "impala")
+_ALL = (*_PG, "dqn")
+
+HYPERPARAM_MAP: tuple[HpMapping, ...] = (
+    HpMapping("lr", _ALL, "torch.optim.Adam(lr=)", "learning rate", "Adam eps is torch's default 1e-8"),
+    HpMapping("gamma", _PG, "GAE(gamma=) / VTrace(gamma=)", "discount"),
+    HpMapping("gamma", ("dqn",), "TD0Estimator(gamma=), MultiStep(gamma=)", "discount"),
+    HpMapping("gae_lambda", ("ppo", "a2c", "a3c"), "GAE(lmbda=)", "GAE lambda"),
+    HpMapping("gae_lambda", ("impala",), "-", "unused", "TorchRL's VTrace has no lambda (acts as lambda = 1)"),
+    HpMapping("clip", ("ppo",), "ClipPPOLoss(clip_epsilon=)", "PPO ratio clip"),
+    HpMapping(
+        "vf_clip",
+        ("ppo",),
+        "ClipPPOLoss(clip_value=)",
+        "value clip",
+        "TorchRL clips the new value to old value +- clip_value (PPO2 style); RLlib clips the value loss itself",
+    ),
+    HpMapping(
+        "train_batch",
+        ON_POLICY_SYNC,
+        "collector frames_per_batch (total over workers)",
+        "env steps per update phase",
+        "rounded up to a multiple of workers x envs_per_worker",
+    ),
+    HpMapping(
+        "train_batch",
+        ("a3c",),
+        "MultiAsyncCollector frames_per_batch (one worker's batch)",
+        "env steps per gradient step; each worker batch is one A2C step",
+        "TorchRL has no asynchronous gradients: workers send samples with stale weights (A3C-style), "
+        "the driver computes the gradient",
+    ),
+    HpMapping("train_batch", ("impala",), "adapter: worker batches concatenated until >= train_batch", "learner batch"),
+    HpMapping("train_batch", ("dqn",), "ReplayBuffer(batch_size=)", "replayed transitions per gradient step"),
+    HpMapping("minibatch", ("ppo",), "adapter: shuffled split of the batch", "SGD minibatch (env steps)"),
+    HpMapping("epochs", ("ppo",), "adapter: passes over each batch", "SGD epochs per batch"),
+    HpMapping("entropy_coeff", _PG, "ClipPPOLoss / A2CLoss(entropy_coeff=)", "entropy bonus coefficient"),
+    HpMapping(
+        "vf_coeff",
+        _PG,
+        "ClipPPOLoss / A2CLoss(critic_coeff=), loss_critic_type='l2'",
+        "value loss coefficient",
+        "A2CLoss/ClipPPOLoss default to smooth_l1; set to l2 (squared error) to match",
+    ),
+    HpMapping("grad_clip", _ALL, "torch.nn.utils.clip_grad_norm_(max_norm=)", "global gradient norm clip"),
+    HpMapping(
+        "rollout_fragment",
+        (*ON_POLICY_SYNC, "a3c"),
+        "- (implied: frames_per_batch / (workers x envs_per_worker) steps per env)",
+        "env steps per env per sample call",
+        "TorchRL collectors size a batch by total frames, so the fragment follows from train_batch",
+    ),
+    HpMapping(
+        "rollout_fragment",
+        ("impala",),
+        "MultiAsyncCollector frames_per_batch / envs_per_worker",
+        "env steps per env per worker batch",
+    ),  # fmt: skip
+    HpMapping(
+        "rollout_fragment",
+        ("dqn",),
+        "collector frames_per_batch / (workers x envs_per_worker)",
+        "env steps per env between learner calls",
+    ),  # fmt: skip
+    HpMapping("buffer_size", ("dqn",), "LazyTensorStorage(max_size=)", "replay capacity (transitions)"),
+    HpMapping(
+        "learning_starts",
+        ("dqn",),
+        "adapter: no gradient step before this many env steps",
+        "warm-up env steps",
+        "TorchRL's init_random_frames would act uniformly at random instead; not used",
+    ),
+    HpMapping("target_update", ("dqn",), "HardUpdate, stepped every target_update env steps", "target net sync"),
+    HpMapping("n_step", ("dqn",), "MultiStep(n_steps=) applied to each batch before replay", "n-step return"),
+    HpMapping("epsilon_initial", ("dqn",), "EGreedyModule(eps_init=)", "initial exploration epsilon"),
+    HpMapping("epsilon_final", ("dqn",), "EGreedyModule(eps_end=)", "final exploration epsilon"),
+    HpMapping(
+        "epsilon_timesteps",
+        ("dqn",),
+        "EGreedyModule(annealing_num_steps=), .step(frames) per batch",
+        "env steps of linear epsilon decay",
+        "one epsilon for all workers, updated once per batch (weights sync)",
+    ),
+    HpMapping(
+        "replay_ratio",
+        ("dqn",),
+        "adapter: frames x ratio / train_batch gradient steps per batch",
+        "trained / sampled transitions",
+    ),  # fmt: skip
+    HpMapping("double_q", ("dqn",), "DQNLoss(double_dqn=)", "double Q-learning target"),
+    HpMapping(
+        "prioritized_replay",
+        ("dqn",),
+        "- (must be false)",
+        "prioritized replay",
+        "TorchRL's PrioritizedSampler needs its C++ extension, which does not load with torch 2.13: error",
+    ),
+    HpMapping("priority_alpha", ("dqn",), "-", "unused", "no prioritized replay on torchrl"),
+    HpMapping("priority_beta", ("dqn",), "-", "unused", "no prioritized replay on torchrl"),
+    HpMapping("vtrace_clip_rho", ("impala",), "VTrace(rho_thresh=)", "V-trace rho-bar"),
+    HpMapping("vtrace_clip_c", ("impala",), "VTrace(c_thresh=)", "V-trace c-bar"),
+)
+
+
+def mapping_for(algorithm: str) -> dict[str, HpMapping]:
+    """Shared name -> mapping, for one algorithm."""
+    return {m.shared: m for m in HYPERPARAM_MAP if algorithm in m.algorithms}
+
+
+def unmapped(algorithm: str) -> list[str]:
+    """Shared hyperparameters the algorithm has a default for that the table does not cover (should be [])."""
+    return sorted(set(HYPERPARAM_DEFAULTS[algorithm]) - set(mapping_for(algorithm)))
+
+
+def mapping_markdown() -> str:
+    """The table for the README's fairness section."""
+    rows = ["| crossrl name | algorithms | TorchRL 0.14 | meaning | difference that cannot be equalized |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for m in HYPERPARAM_MAP:
+        rows.append(f"| `{m.shared}` | {', '.join(m.algorithms)} | {m.torchrl} | {m.meaning} | {m.difference} |")
+    return "\n".join(rows)
+
+
+def make_torchrl_env(env_spec: EnvSpec, num_envs: int, *, worker_process: bool = False) -> EnvBase:
+    """``num_envs`` GymWrapper(make_env(spec)) stepped serially, with episode length/return counters.
+
+    Module-level (not a closure) so collector worker processes started with spawn can unpickle it.
+    """
+    if worker_process:
+        torch.set_num_threads(1)
+    base = SerialEnv(num_envs, functools.partial(_gym_env, env_spec), serial_for_single=True, mp_start_method=None)
+    return TransformedEnv(base, Compose(StepCounter(), RewardSum()))
+
+
+def _gym_env(env_spec: EnvSpec) -> GymWrapper:
+    return GymWrapper(make_env(env_spec), categorical_action_encoding=True)
+
+
+def env_dims(env_spec: EnvSpec) -> tuple[tuple[int, ...], int]:
+    """(observation shape, number of discrete actions) of the spec's env as TorchRL sees it."""
+    probe = _gym_env(env_spec)
+    obs_shape = tuple(int(n) for n in probe.observation_spec["observation"].shape)
+    n_actions = int(probe.action_spec.space.n)
+    probe.close()
+    return obs_shape, n_actions
+
+
+def worker_init() -> None:
+    """One torch intra-op thread in this process (collector workers; a driver that steps the envs itself)."""
+    torch.set_num_threads(1)
+
+
+def ceil_to(x: int, k: int) -> int:
+    return -(-x // k) * k
+
+
+def frames_per_batch(trial: Trial) -> int:
+    """The collector's frames_per_batch: total over workers (sync) or per worker batch (async)."""
+    envs, workers = trial.envs_per_worker, trial.workers
+    algo = trial.algorithm
+    if algo in ON_POLICY_SYNC:
+        return ceil_to(int(trial.hp("train_batch")), envs * workers)
+    if algo == "a3c":
+        return ceil_to(int(trial.hp("train_batch")), envs)
+    if algo == "impala":
+        return int(trial.hp("rollout_fragment")) * envs
+    return int(trial.hp("rollout_fragment")) * envs * workers  # dqn
+
+
+def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
+    """The collector for the trial and a JSON-able description of how it was built."""
+    from torchrl.collectors import Collector
+
+    fpb = frames_per_batch(trial)
+    sync = trial.algorithm not in ASYNC
+    if trial.ray_address:
+        from torchrl.collectors.distributed import RayCollector
+
+        from crossrl.core.cluster import available_cpus
+
+        cpus = min(1.0, available_cpus() / trial.workers)  # never ask for more than the cluster has
+        remote = {"num_cpus": cpus, "num_gpus": 0}
+        env_fn = functools.partial(make_torchrl_env, trial.env, trial.envs_per_worker, worker_process=True)
+        # RayCollector treats total_frames=-1 as "nothing to collect" (it stops at once, measured), so give it
+        # enough frames to reach the budget; the adapter still stops at sink.exhausted.
+        steps = trial.budget.env_steps or UNBOUNDED_FRAMES  # a time budget: the sink says when to stop
+        total = ceil_to(steps, fpb) + fpb * trial.workers
+        ray_kwargs = {
+            "frames_per_batch": fpb, "total_frames": total,
+            "num_collectors": trial.workers, "sync": sync, "collector_class": Collector,
+            "collector_kwargs": {"auto_register_policy_transforms": False}, "remote_configs": remote,
+        }  # fmt: skip
+        collector = RayCollector([env_fn] * trial.workers, policy, **ray_kwargs)  # type: ignore[arg-type]
+        return collector, {"class": "RayCollector", "kwargs": ray_kwargs, "ray_address": trial.ray_address}
+    return local_collector(
+        trial.env,
+        workers=trial.workers,
+        envs_per_worker=trial.envs_per_worker,
+        policy=policy,
+        frames_per_batch=fpb,
+        sync=sync,
+    )
+
+
+def local_collector(
+    env_spec: EnvSpec, *, workers: int, envs_per_worker: int, policy: Any, frames_per_batch: int, sync: bool = True
+) -> tuple[Any, dict[str, Any]]:
+    """A collector on this machine and a JSON-able description of how it was built.
+
+    ``Collector`` (one worker, sync: the envs are stepped in this process), else ``MultiSyncCollector``
+    (sync, batches stacked) or ``MultiAsyncCollector`` over ``workers`` processes of one torch thread
+    each, every one stepping :func:`make_torchrl_env` of ``envs_per_worker`` envs.
+    """
+    from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+
+    common = {"frames_per_batch": frames_per_batch, "total_frames": -1, "auto_register_policy_transforms": False}
+    if workers == 1 and sync:
+        env = make_torchrl_env(env_spec, envs_per_worker)
+        collector = Collector(env, policy, **common)
+        return collector, {"class": "Collector", "kwargs": common}
+    cls = MultiSyncCollector if sync else MultiAsyncCollector
+    env_fn = functools.partial(make_torchrl_env, env_spec, envs_per_worker, worker_process=True)
+    multi: dict[str, Any] = {**common, "num_threads": 1, "num_sub_threads": 1}
+    if sync:
+        multi["cat_results"] = "stack"
+    collector = cls([env_fn] * workers, policy, init_fn=worker_init, **multi)
+    return collector, {"class": cls.__name__, "kwargs": {**multi, "num_workers": workers}}
+
+
+def completed_episodes(data: TensorDictBase) -> tuple[list[float], list[int]]:
+    """Returns and lengths of the episodes that ended inside ``data`` (RewardSum / StepCounter at done)."""
+    done = data["next", "done"].squeeze(-1)
+    returns = data["next", "episode_reward"].squeeze(-1)[done]
+    lengths = data["next", "step_count"].squeeze(-1)[done]
+    return [float(r) for r in returns], [int(n) for n in lengths]
+
+
+class CollectorWorkerDied(RuntimeError):
+    """A collector worker process ended mid-trial: TorchRL 0.14 neither restarts it nor goes on without it."""
+
+
+def check_workers(collector: Any) -> None:
+    """Raise :class:`CollectorWorkerDied` naming every collector worker process that has ended.
+
+    Only multi-process collectors have workers (``procs``); a worker TorchRL itself closed after
+    another one died is skipped (its state can no longer be read).
+    """
+    dead = []
+    for i, proc in enumerate(getattr(collector, "procs", None) or ()):
+        try:
+            code = proc.exitcode
+        except ValueError:  # closed by TorchRL
+            continue
+        if code is not None:
+            dead.append(f"worker {i} (pid {proc.pid}) {_exit_text(code)}")
+    if dead:
+        raise CollectorWorkerDied(
+            f"torchrl: collector {', '.join(dead)} mid-trial; TorchRL 0.14 does not restart collector workers"
+        )
+
+
+def _exit_text(code: int) -> str:
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:  # a signal without a name (real-time signals)
+        return f"killed by signal {-code}"
+
+
+def sync_weights(collector: Any) -> None:
+    """``collector.update_policy_weights_()``, raising :class:`CollectorWorkerDied` rather than hanging.
+
+    TorchRL 0.14 waits for every worker's acknowledgement of new weights without a timeout
+    (``SharedMemWeightSyncScheme._wait_for_ack``): a worker killed while the learner trains made the
+    trial hang forever (measured). For multi-process collectors the update runs in a daemon thread
+    while this thread watches the worker processes; it returns as soon as the update does (the thread
+    adds ~0.1 ms to ``time_sync_weights_s``, measured).
+    """
+    if not getattr(collector, "procs", None):
+        collector.update_policy_weights_()
+        return
+    check_workers(collector)
+    failure: list[BaseException] = []
+
+    def update() -> None:
+        try:
+            collector.update_policy_weights_()
+        except BaseException as e:  # handed to the calling thread
+            failure.append(e)
+
+    thread = threading.Thread(target=update, name="crossrl-weight-sync", daemon=True)
+    thread.start()
+    while True:
+        thread.join(0.2)
+        if not thread.is_alive():
+            break
+        check_workers(collector)
+    if failure:
+        raise failure[0]
+
+
+class TorchrlAdapter:
+    """TorchRL 0.14: collectors, losses and value estimators."""
+
+    engine: ClassVar[str] = "torchrl"
+
+    def run(self, trial: Trial, sink: MetricSink) -> None:
+        # The networks are tiny: intra-op threads only spin against the samplers for the 2 cores
+        # (measured: a PPO minibatch step took 20 ms with 1 thread, 490 ms with 2, on a loaded machine).
+        torch.set_num_threads(1)
+        torch.manual_seed(trial.seed)
+        tags: dict[str, str] = {}
+        if trial.ray_address:
+            from crossrl.core.cluster import connect
+
+            tags = connect(trial.ray_address)
+        if trial.env.multi_agent:
+            raise ValueError(
+                f"{trial.name}: a multi-agent env (env.agents); TorchRL runs it through "
+                "crossrl.adapters.torchrl.multi_agent.TorchrlMultiAgentAdapter (the registry's multi_agent_target)"
+            )
+        obs_shape, n_actions = env_dims(trial.env)
+        learner = build_learner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
+        collector, collector_desc = build_collector(trial=trial, policy=learner.policy)
+        try:
+            collector.set_seed(collector_seed(trial, sink.resumed()))
+            sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], **tags)
+            sink.native_config(
+                {
+                    "engine": "torchrl",
+                    "torchrl_version": torchrl.__version__,
+                    "collector": collector_desc,
+                    "env": f"TransformedEnv(SerialEnv({trial.envs_per_worker} x GymWrapper(make_env({trial.env.id}))), "
+                    "Compose(StepCounter(), RewardSum()))",
+                    "reward_clip": "sign(next.reward) after the episode returns are read, before the learner"
+                    if trial.env.resolved_reward_clip else None,
+                    **learner.native(),
+                    "hyperparams": {k: {"value": v, "torchrl": mapping_for(trial.algorithm)[k].torchrl}
+                                    for k, v in trial.hyperparams.items() if k in mapping_for(trial.algorithm)},
+                    "seed": trial.seed,
+                    "torch_num_threads": {"learner": torch.get_num_threads(), "collector_workers": 1},
+                }
+            )  # fmt: skip
+            train_loop(collector=collector, learner=learner, sink=sink, reward_clip=trial.env.resolved_reward_clip)
+            send_clip(sink, lambda: greedy_act(learner))
+        finally:
+            collector.shutdown()
+
+
+def greedy_act(learner: Any) -> Callable[[Any], int]:
+    """The learner's final policy, deterministic, for one observation: the argmax of its policy network's logits
+    (PPO, A2C, A3C, IMPALA) or of its Q-network's values (DQN), without TorchRL's sampling or epsilon-greedy."""
+    net = learner.qnet if hasattr(learner, "qnet") else learner.actor_net
+
+    def act(obs: Any) -> int:
+        with torch.no_grad():
+            return int(torch.argmax(net(torch.as_tensor(obs)[None])[0]))
+
+    return act
+
+
+def sample_act(learner: Any) -> Callable[[Any], int]:
+    """As :func:`greedy_act`, but a sample from the categorical over the policy's logits (DQN: still the argmax)."""
+    if hasattr(learner, "qnet"):
+        return greedy_act(learner)
+    net = learner.actor_net
+
+    def act(obs: Any) -> int:
+        with torch.no_grad():
+            logits = net(torch.as_tensor(obs)[None])[0]
+            return int(torch.distributions.Categorical(logits=logits).sample())
+
+    return act
+
+
+def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[[Any], Any]:
+    """The policy a checkpoint holds, for ONE single-agent observation: ``act(obs) -> action``.
+
+    ``folder``: the checkpoint's folder or its engine folder. The learner's networks are rebuilt from the trial (no
+    envs, no collector: the observation shape and number of actions are read from the checkpoint) and loaded from
+    it. ``greedy``: the argmax of the policy's logits or the Q-values (:func:`greedy_act`); else a sample from the
+    categorical over the logits (DQN acts greedily either way). Multi-agent trials: ValueError.
+    """
+    if trial.env.multi_agent:
+        raise ValueError(
+            f"{trial.name}: load_policy acts for one single-agent observation; a multi-agent trial's checkpoint holds "
+            "one policy per group (crossrl.adapters.torchrl.multi_agent.MultiAgentLearner.restore)"
+        )
+    folder = Path(folder)
+    if (folder / ENGINE_DIR).is_dir():
+        folder = folder / ENGINE_DIR
+    state = read_state(folder)
+    check_algorithm(state, trial.algorithm)
+    dims = state["dims"]
+    learner = build_learner(trial=trial, obs_shape=tuple(dims["obs_shape"]), n_actions=int(dims["n_actions"]))
+    learner.load_state_dict(state)
+    for net in (getattr(learner, "qnet", None), getattr(learner, "actor_net", None)):
+        if net is not None:
+            net.eval()
+    return greedy_act(learner) if greedy else sample_act(learner)
+
+
+Episodes = Callable[[TensorDictBase], tuple[list[float], list[int], dict[str, float]]]
+
+
+def single_agent_episodes(data: TensorDictBase) -> tuple[list[float], list[int], dict[str, float]]:
+    """:func:`completed_episodes`, with no values beside them."""
+    returns, lengths = completed_episodes(data)
+    return returns, lengths, {}
+
+
+def clip_rewards_(data: TensorDictBase) -> TensorDictBase:
+    """``data``'s rewards (``("next", "reward")``) replaced by their sign, in place: what the learner then sees.
+    The env's ``RewardSum`` has already counted the raw ones into ``episode_reward``."""
+    reward = data.get(("next", "reward"))
+    data.set(("next", "reward"), reward.sign())
+    return data
+
+
+def train_loop(
+    *,
+    collector: Any,
+    learner: Any,
+    sink: MetricSink,
+    episodes: Episodes = single_agent_episodes,
+    reward_clip: bool = False,
+) -> None:
+    """Sample, learn, sync weights, report; until the sink's budget is spent. ``episodes(data)``: the returns and
+    lengths of the episodes that ended in a batch, and values to report beside them (a multi-agent env's
+    per-agent returns). ``reward_clip``: the learner gets the batch's rewards as their sign, once the episodes'
+    raw returns are read.
+
+    Starts the sink's clock; before it, a resumed trial's learner is restored from its checkpoint
+    (``learner.restore``), the weights pushed to the collector, and the env-step counters continued. A checkpoint
+    (``learner.save``) when the sink says one is due after a point, and a final one after the loop.
+    """
+    sampled = trained = 0
+    resumed = sink.resumed()
+    if resumed is not None:
+        learner.restore(resumed.path)
+        sync_weights(collector)
+        sampled, trained = resumed.env_steps_sampled, resumed.env_steps_trained
+    sink.start_clock()
+    batches = iter(collector)
+    while not sink.exhausted:
+        t0 = time.perf_counter()
+        try:
+            data = next(batches)
+        except Exception:
+            check_workers(collector)  # TorchRL's own "At least one process failed": say which and how
+            raise
+        t1 = time.perf_counter()
+        returns, lengths, episode_values = episodes(data)
+        if reward_clip:
+            clip_rewards_(data)
+        sampled += data.numel()
+        n_trained, losses = learner.learn(data)
+        trained += n_trained
+        t2 = time.perf_counter()
+        if n_trained or learner.always_sync:
+            sync_weights(collector)
+        t3 = time.perf_counter()
+        values = {
+            M.TIME_SAMPLE_S: t1 - t0,
+            M.TIME_LEARN_S: t2 - t1,
+            M.TIME_SYNC_WEIGHTS_S: t3 - t2,
+            **losses,
+            **episode_values,
+        }
+        sink.point(
+            env_steps_sampled=sampled,
+            env_steps_trained=trained,
+            episode_returns=returns,
+            episode_lengths=lengths,
+            values=values,
+        )
+        sink.checkpoint_if_due(learner.save)
+    sink.final_checkpoint(learner.save)

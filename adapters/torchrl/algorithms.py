@@ -1,0 +1,524 @@
+"""TorchRL learners: what happens to each collected batch (losses, value estimators, optimiser steps).
+
+One learner per algorithm family. Each takes the batch a TorchRL collector yields (time is the last
+batch dimension), trains on it, and returns how many env steps it trained on plus the losses under
+crossrl's common names. The adapter (:mod:`crossrl.adapters.torchrl.adapter`) owns envs, collectors, timing
+and the metric sink; this module owns only the maths that TorchRL provides.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from tensordict.nn import TensorDictModule, TensorDictSequential
+from torch import nn
+from torchrl.data import Categorical as CategoricalSpec
+from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data.postprocs import MultiStep
+from torchrl.data.replay_buffers import RandomSampler
+from torchrl.modules import ConvNet, EGreedyModule, ProbabilisticActor, QValueActor, ValueOperator
+from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, ValueEstimators
+from torchrl.objectives.value import GAE, VTrace
+from torchrl.objectives.value.functional import vtrace_advantage_estimate
+
+from crossrl.core.maths import mean_stats
+from crossrl.core.models import (
+    FramesIn,
+    activation_class,
+    build_mlp,
+    conv_flat_dim,
+    count_params,
+    image_shape,
+    init_convs_,
+)
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.spec import ModelSpec, Trial
+
+OBS_KEY = "observation"
+ACTION_KEY = "action"  # where build_actor writes the action
+
+PRIORITIZED_REPLAY_UNAVAILABLE = (
+    "torchrl: prioritized_replay is not available: TorchRL's PrioritizedSampler needs its C++ "
+    "extension (SumSegmentTreeFp32), which does not load with torch 2.13. Set prioritized_replay: false "
+    "for dqn on torchrl, or run it on crossrl (apex/prioritized replay is not offered on torchrl)."
+)
+
+
+# -- checkpoints ---------------------------------------------------------------------------------------------------
+#
+# A learner's checkpoint is one ``torch.save`` file (LEARNER_FILE: networks, target networks, optimiser, counters;
+# only tensors, numbers and strings, so it loads with ``weights_only=True``) and, for DQN, the replay buffer as
+# TorchRL's ``ReplayBuffer.dumps`` writes it (REPLAY_DIR: the storage memory-mapped, one file per key, and the
+# writer's cursor). The loss modules' hyperparameter buffers (entropy_coeff, clip_epsilon, critic_coeff, gamma ...)
+# are not restored: they come from the trial, which Population Based Training may have changed between a save and
+# a restore; so does the learning rate, re-applied to every param group after the optimiser's state is loaded.
+
+LEARNER_FILE = "learner.pt"
+REPLAY_DIR = "replay"
+STATE_FORMAT = 1
+
+
+def learned_state(loss: nn.Module) -> dict[str, torch.Tensor]:
+    """The loss module's trained tensors: its networks' parameters (``*_network_params``) and their target copies
+    (``target_*_network_params``), by ``state_dict`` name; not its hyperparameter buffers."""
+    return {k: v for k, v in loss.state_dict().items() if k.split(".", 1)[0].endswith("_network_params")}
+
+
+def common_state(learner: Any) -> dict[str, Any]:
+    """What every learner's checkpoint starts with: the format, the algorithm, the dimensions its networks are built
+    for (``load_policy`` needs no env), the loss module's trained tensors and Adam's state."""
+    return {
+        "format": STATE_FORMAT,
+        "algorithm": learner.algo,
+        "dims": {"obs_shape": list(learner.obs_shape), "n_actions": learner.n_actions},
+        "loss": learned_state(learner.loss),
+        "optim": learner.optim.state_dict(),
+    }
+
+
+def load_learned_state(loss: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copies ``state`` (from :func:`learned_state`) into ``loss`` in place (the optimiser and the collector's
+    policy keep the same tensors); a checkpoint of other networks is an error, not a partial load."""
+    want = set(learned_state(loss))
+    if set(state) != want:
+        missing, extra = sorted(want - set(state)), sorted(set(state) - want)
+        raise ValueError(
+            f"torchrl checkpoint: the loss's networks differ (missing {missing[:3]}, unexpected {extra[:3]})"
+        )
+    loss.load_state_dict(dict(state), strict=False)
+
+
+def load_optimizer(optim: torch.optim.Optimizer, state: Mapping[str, Any], lr: float) -> None:
+    """The optimiser's saved state (Adam's moments and step counts), then the trial's ``lr`` on every param group."""
+    optim.load_state_dict(dict(state))
+    for group in optim.param_groups:
+        group["lr"] = lr
+
+
+def save_state(folder: Path, state: Mapping[str, Any]) -> None:
+    torch.save(dict(state), folder / LEARNER_FILE)
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """A learner's saved state (:data:`LEARNER_FILE` in ``folder``, the checkpoint's engine folder)."""
+    path = Path(folder) / LEARNER_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"torchrl checkpoint: no {LEARNER_FILE} in {folder}")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"torchrl checkpoint: {path} is not a learner state of format {STATE_FORMAT}")
+    return state
+
+
+def check_algorithm(state: Mapping[str, Any], algorithm: str) -> None:
+    if state.get("algorithm") != algorithm:
+        raise ValueError(f"torchrl checkpoint: a {state.get('algorithm')!r} learner's, not {algorithm!r}'s")
+
+
+def _td_to_state(td: TensorDictBase) -> dict[str, Any]:
+    return {"data": td.to_dict(), "batch_size": list(td.batch_size)}
+
+
+def _td_from_state(state: Mapping[str, Any]) -> TensorDictBase:
+    return TensorDict(state["data"], batch_size=state["batch_size"])
+
+
+def build_net(*, obs_shape: tuple[int, ...], out_dim: int, model: ModelSpec, out_gain: float = 1.0) -> nn.Module:
+    """The spec's network as TorchRL builds it: crossrl's MLP (``build_mlp``, the same initialisation), after
+    TorchRL's ``ConvNet`` when the spec has a conv stack.
+
+    The conv stack: uint8 frames ``[..., H, W, C]`` to float ``[..., C, H, W]`` / 255 (``FramesIn``, so frames
+    stay uint8 in the collectors and replay), ``ConvNet`` (no padding, the spec's activation after every
+    layer, ``SquashDims`` flattening; initialised as crossrl's), then the MLP.
+    """
+    if not model.conv:
+        return build_mlp(in_dim=math.prod(obs_shape), out_dim=out_dim, model=model, out_gain=out_gain)
+    _, _, channels = image_shape(obs_shape, model)
+    conv = ConvNet(
+        in_features=channels,
+        num_cells=[f for f, _, _ in model.conv],
+        kernel_sizes=[k for _, k, _ in model.conv],
+        strides=[s for _, _, s in model.conv],
+        paddings=0,
+        activation_class=activation_class(model.activation),
+    )
+    mlp = build_mlp(in_dim=conv_flat_dim(obs_shape, model), out_dim=out_dim, model=model, out_gain=out_gain)
+    return nn.Sequential(FramesIn(), init_convs_(conv), mlp)
+
+
+def build_actor_net(*, obs_shape: tuple[int, ...], n_actions: int, model: ModelSpec) -> nn.Module:
+    """The policy's network: ``n_actions`` logits, the last layer scaled by 0.01 (a near-uniform first policy)."""
+    return build_net(obs_shape=obs_shape, out_dim=n_actions, model=model, out_gain=0.01)
+
+
+def build_critic_net(*, obs_shape: tuple[int, ...], model: ModelSpec) -> nn.Module:
+    """The value function's network (separate from the policy's, the same layers)."""
+    return build_net(obs_shape=obs_shape, out_dim=1, model=model)
+
+
+def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
+    """Categorical policy over ``n_actions`` whose logits come from ``net``."""
+    module = TensorDictModule(net, in_keys=[OBS_KEY], out_keys=["logits"])
+    return ProbabilisticActor(
+        module,
+        in_keys=["logits"],
+        out_keys=[ACTION_KEY],
+        spec=CategoricalSpec(n_actions),
+        distribution_class=torch.distributions.Categorical,
+        return_log_prob=True,  # behaviour log-probs: PPO's ratio and V-trace's rho need them
+    )
+
+
+def vtrace_taken_actions(estimator: VTrace, data: TensorDictBase) -> TensorDictBase:
+    """V-trace advantages and value targets into ``data`` (``[*B, T]``), by TorchRL's own
+    ``vtrace_advantage_estimate`` with ``estimator``'s gamma, thresholds, critic and actor, the importance weights
+    ``pi(a) / mu(a)`` taken on the actions the workers took (the IMPALA paper's V-trace).
+
+    ``VTrace.forward`` in TorchRL 0.14.1 takes ``log pi`` of an action it draws anew from the learner's policy (its
+    mode, or a fresh sample, by the actor's interaction type: ``_call_actor_net``), not of the action in the batch,
+    so its ``rho`` compares two different actions (measured: docs/fidelity.md, "TorchRL's V-trace")."""
+    keys = estimator.tensor_keys
+    actor, critic = estimator.actor_network, estimator.value_network
+    with torch.no_grad():
+        value = critic(data.select(*critic.in_keys).copy()).get(keys.value)
+        next_value = critic(data["next"].select(*critic.in_keys).copy()).get(keys.value)
+        log_pi = actor.get_dist(data.select(*actor.in_keys, strict=False)).log_prob(data.get(ACTION_KEY))
+        adv, target = vtrace_advantage_estimate(
+            estimator.gamma,
+            log_pi.view_as(value),
+            data.get(keys.sample_log_prob).view_as(value),
+            value,
+            next_value,
+            data.get(("next", keys.reward)),
+            data.get(("next", keys.done)),
+            data.get(("next", keys.terminated)),
+            rho_thresh=estimator.rho_thresh,
+            c_thresh=estimator.c_thresh,
+        )
+    data.set(keys.advantage, adv)
+    data.set(keys.value_target, target)
+    return data
+
+
+def clip_and_step(optim: torch.optim.Optimizer, params: list[nn.Parameter], grad_clip: float) -> float:
+    """Clip, step, zero; returns the global gradient norm before clipping."""
+    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    return float(norm)
+
+
+def as_float(x: torch.Tensor | None) -> float:
+    return float(x.detach().mean()) if x is not None else math.nan
+
+
+def loss_step(
+    loss: Any,
+    batch: TensorDictBase,
+    *,
+    optim: torch.optim.Optimizer,
+    params: list[nn.Parameter],
+    grad_clip: float,
+    vf_coeff: float,
+) -> dict[str, float]:
+    """One gradient step of an actor-critic loss (``ClipPPOLoss`` / ``A2CLoss``) on ``batch``; its stats."""
+    out = loss(batch)
+    total = out["loss_objective"] + out["loss_critic"] + out.get("loss_entropy", torch.zeros(()))
+    total.backward()
+    grad_norm = clip_and_step(optim, params, grad_clip)
+    # TorchRL's loss_critic is already scaled by critic_coeff; report the raw squared error.
+    stats = {M.POLICY_LOSS: as_float(out["loss_objective"]), M.ENTROPY: as_float(out.get("entropy"))}
+    if vf_coeff > 0:  # a NaN here is training that diverged (the sink fails the trial), not a missing value
+        stats[M.VALUE_LOSS] = as_float(out["loss_critic"]) / vf_coeff
+    stats[M.DIAG_GRAD_NORM] = grad_norm
+    # ClipPPOLoss's own diagnostics: kl_approx is the mean of log(pi_old / pi_new) (crossrl's core
+    # reports the k3 estimate, RLlib its mean KL); clip_fraction as crossrl's.
+    for name, key in ((M.DIAG_APPROX_KL, "kl_approx"), (M.DIAG_CLIP_FRAC, "clip_fraction")):
+        if key in out.keys():  # noqa: SIM118 - TensorDict refuses `key in td`
+            stats[name] = as_float(out[key])
+    return stats
+
+
+class OnPolicyLearner:
+    """PPO (ClipPPOLoss + GAE, epochs x minibatches), A2C/A3C (A2CLoss + GAE, one step per batch), or
+    IMPALA (A2CLoss with the VTrace estimator, one step per ``train_batch`` env steps accumulated)."""
+
+    def __init__(self, *, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> None:
+        self.trial = trial
+        self.algo = trial.algorithm
+        self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
+        self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=trial.model)
+        self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
+        self.actor = build_actor(net=self.actor_net, n_actions=n_actions)
+        self.critic = ValueOperator(self.critic_net, in_keys=[OBS_KEY])
+        self.policy: TensorDictModule | TensorDictSequential = self.actor
+        self.vf_coeff = float(trial.hp("vf_coeff"))
+        common: dict[str, Any] = {
+            "entropy_bonus": True,
+            "entropy_coeff": float(trial.hp("entropy_coeff")),
+            "critic_coeff": self.vf_coeff,
+            # squared error, as RLlib and crossrl's core (TorchRL defaults to smooth_l1)
+            "loss_critic_type": "l2",
+        }
+        if self.algo == "ppo":
+            self.loss_kwargs = {
+                **common,
+                "clip_epsilon": float(trial.hp("clip")),
+                "clip_value": float(trial.hp("vf_clip")),
+                "normalize_advantage": True,
+            }
+            self.loss: ClipPPOLoss | A2CLoss = ClipPPOLoss(self.actor, self.critic, **self.loss_kwargs)
+        else:
+            self.loss_kwargs = common
+            self.loss = A2CLoss(self.actor, self.critic, **self.loss_kwargs)
+        gamma = float(trial.hp("gamma"))
+        self.estimator: GAE | VTrace
+        if self.algo == "impala":
+            self.estimator_kwargs = {
+                "gamma": gamma,
+                "rho_thresh": float(trial.hp("vtrace_clip_rho")),
+                "c_thresh": float(trial.hp("vtrace_clip_c")),
+            }
+            self.estimator = VTrace(value_network=self.critic, actor_network=self.actor, **self.estimator_kwargs)
+        else:
+            self.estimator_kwargs = {"gamma": gamma, "lmbda": float(trial.hp("gae_lambda"))}
+            self.estimator = GAE(value_network=self.critic, **self.estimator_kwargs)
+        self.params = list(self.loss.parameters())
+        self.optim = torch.optim.Adam(self.params, lr=float(trial.hp("lr")))
+        self.grad_clip = float(trial.hp("grad_clip"))
+        self.train_batch = int(trial.hp("train_batch"))
+        self._pending: list[TensorDictBase] = []
+        self._pending_frames = 0
+        self.grad_steps = 0
+        self.always_sync = False
+
+    def learn(self, data: TensorDictBase) -> tuple[int, dict[str, float]]:
+        """Train on one collected batch; returns (env steps trained, common-name losses)."""
+        if self.algo == "impala":
+            # IMPALA's learner batch is train_batch env steps from several (stale) worker batches.
+            self._pending.append(data)
+            self._pending_frames += data.numel()
+            if self._pending_frames < self.train_batch:
+                return 0, {}
+            data = torch.cat([d.reshape(-1, d.shape[-1]) for d in self._pending], 0)
+            self._pending, self._pending_frames = [], 0
+        with torch.no_grad():
+            data = vtrace_taken_actions(self.estimator, data) if self.algo == "impala" else self.estimator(data)
+        flat = data.reshape(-1)
+        if self.algo != "ppo":
+            return flat.numel(), self._step(flat)
+        minibatch = int(self.trial.hp("minibatch"))
+        stats: list[dict[str, float]] = []
+        for _ in range(int(self.trial.hp("epochs"))):
+            for idx in torch.randperm(flat.numel()).split(minibatch):
+                stats.append(self._step(flat[idx]))
+        return flat.numel(), mean_stats(stats)
+
+    def _step(self, batch: TensorDictBase) -> dict[str, float]:
+        self.grad_steps += 1
+        return loss_step(self.loss, batch, optim=self.optim, params=self.params, grad_clip=self.grad_clip,
+                         vf_coeff=self.vf_coeff)  # fmt: skip
+
+    # -- checkpoints (see LEARNER_FILE) ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Actor and critic weights, Adam's state, the gradient-step count and IMPALA's batches not yet learned."""
+        return {
+            **common_state(self),
+            "counters": {"grad_steps": self.grad_steps, "pending_frames": self._pending_frames},
+            "pending": [_td_to_state(td) for td in self._pending],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_algorithm(state, self.algo)
+        load_learned_state(self.loss, state["loss"])
+        load_optimizer(self.optim, state["optim"], float(self.trial.hp("lr")))
+        self.grad_steps = int(state["counters"]["grad_steps"])
+        self._pending = [_td_from_state(p) for p in state["pending"]]
+        self._pending_frames = int(state["counters"]["pending_frames"])
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """The learner's whole state into ``folder`` (a checkpoint's engine folder); a description of it."""
+        save_state(folder, self.state_dict())
+        return {"learner": type(self).__name__, "algorithm": self.algo, "grad_steps": self.grad_steps,
+                "pending_frames": self._pending_frames, "files": [LEARNER_FILE]}  # fmt: skip
+
+    def restore(self, folder: Path) -> None:
+        self.load_state_dict(read_state(folder))
+
+    def native(self) -> dict[str, Any]:
+        return {
+            "loss": {"class": type(self.loss).__name__, "kwargs": self.loss_kwargs},
+            "value_estimator": {"class": type(self.estimator).__name__, "kwargs": self.estimator_kwargs,
+                                **self._vtrace_note()},
+            "optimizer": {"class": "torch.optim.Adam", "lr": self.optim.defaults["lr"], "eps": self.optim.defaults["eps"]},
+            "grad_clip_norm": self.grad_clip,
+            "update": self._update_description(),
+            "networks": {"actor": repr(self.actor_net), "critic": repr(self.critic_net),
+                         "actor_params": count_params(self.actor), "critic_params": count_params(self.critic)},
+        }  # fmt: skip
+
+    def _vtrace_note(self) -> dict[str, str]:
+        if self.algo != "impala":
+            return {}
+        return {"computed_by": "crossrl's vtrace_taken_actions: TorchRL's vtrace_advantage_estimate with log pi of the "
+                "actions taken (TorchRL 0.14.1's VTrace.forward takes log pi of a newly drawn action)"}  # fmt: skip
+
+    def _update_description(self) -> str:
+        if self.algo == "ppo":
+            return (f"GAE over the whole batch, then {self.trial.hp('epochs')} epochs of shuffled minibatches "
+                    f"of {self.trial.hp('minibatch')} env steps; advantages normalised per minibatch")  # fmt: skip
+        if self.algo == "impala":
+            return f"one Adam step per >= {self.train_batch} env steps of accumulated worker batches (V-trace)"
+        return "one Adam step per collected batch (GAE over the batch)"
+
+
+class DQNLearner:
+    """DQNLoss (double DQN when double_q) + uniform ReplayBuffer + HardUpdate target + epsilon-greedy."""
+
+    def __init__(self, *, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> None:
+        if trial.hp("prioritized_replay"):
+            raise NotImplementedError(PRIORITIZED_REPLAY_UNAVAILABLE)
+        self.trial = trial
+        self.algo = trial.algorithm
+        self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
+        spec = CategoricalSpec(n_actions)
+        self.qnet = build_net(obs_shape=obs_shape, out_dim=n_actions, model=trial.model)
+        self.qvalue = QValueActor(self.qnet, in_keys=[OBS_KEY], spec=spec)
+        self.greedy_kwargs = {
+            "eps_init": float(trial.hp("epsilon_initial")),
+            "eps_end": float(trial.hp("epsilon_final")),
+            "annealing_num_steps": int(trial.hp("epsilon_timesteps")),
+        }
+        self.greedy = EGreedyModule(spec, **self.greedy_kwargs)
+        self.policy = TensorDictSequential(self.qvalue, self.greedy)
+        self.loss_kwargs = {
+            "loss_function": "smooth_l1",  # Huber, as Nature DQN and RLlib (TorchRL defaults to l2)
+            "delay_value": True,
+            "double_dqn": bool(trial.hp("double_q")),
+        }
+        self.loss = DQNLoss(self.qvalue, action_space=spec, **self.loss_kwargs)
+        self.gamma = float(trial.hp("gamma"))
+        self.loss.make_value_estimator(ValueEstimators.TD0, gamma=self.gamma)
+        # Copy on every call: crossrl's target_update counts env steps, so the adapter decides when. TorchRL 0.14's
+        # HardUpdate copies when its call counter equals the interval and only then resets it, so interval 1
+        # copied on every other call (measured); 0 copies on every one.
+        self.target = HardUpdate(self.loss, value_network_update_interval=0)
+        self.n_step = int(trial.hp("n_step"))
+        self.multistep = MultiStep(gamma=self.gamma, n_steps=self.n_step) if self.n_step > 1 else None
+        self.batch_size = int(trial.hp("train_batch"))
+        self.buffer = ReplayBuffer(
+            storage=LazyTensorStorage(int(trial.hp("buffer_size"))),
+            sampler=RandomSampler(),
+            batch_size=self.batch_size,
+        )
+        self.params = list(self.loss.value_network_params.values(True, True))
+        self.optim = torch.optim.Adam(self.params, lr=float(trial.hp("lr")))
+        self.grad_clip = float(trial.hp("grad_clip"))
+        self.learning_starts = int(trial.hp("learning_starts"))
+        self.target_update = int(trial.hp("target_update"))
+        self.replay_ratio = float(trial.hp("replay_ratio"))
+        self._sampled = 0
+        self._last_target = 0
+        self._owed = 0.0  # replayed transitions owed to reach replay_ratio (carried across batches)
+        self.grad_steps = 0
+        self.always_sync = True  # epsilon anneals every batch, so workers need it even before learning
+
+    def learn(self, data: TensorDictBase) -> tuple[int, dict[str, float]]:
+        """Store the batch, anneal epsilon, then ``replay_ratio`` x its size in replayed transitions."""
+        frames = data.numel()
+        self._sampled += frames
+        self.greedy.step(frames)
+        if self.multistep is not None:
+            data = self.multistep(data)
+        self.buffer.extend(data.reshape(-1))
+        if self._sampled < self.learning_starts:
+            return 0, self.diagnostics()
+        self._owed += frames * self.replay_ratio
+        steps: list[dict[str, float]] = []
+        while self._owed >= self.batch_size:
+            out = self.loss(self.buffer.sample())
+            out["loss"].backward()
+            grad_norm = clip_and_step(self.optim, self.params, self.grad_clip)
+            steps.append({M.VALUE_LOSS: as_float(out["loss"]), M.DIAG_GRAD_NORM: grad_norm})
+            self._owed -= self.batch_size
+            self.grad_steps += 1
+        if self._sampled - self._last_target >= self.target_update:
+            self.target.step()
+            self._last_target = self._sampled
+        return len(steps) * self.batch_size, {**mean_stats(steps), **self.diagnostics()}
+
+    # -- checkpoints (see LEARNER_FILE) ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Q-network and target weights, Adam's state, epsilon, the counters; not the replay buffer (:meth:`save`)."""
+        return {
+            **common_state(self),
+            "epsilon": self.greedy.eps.detach().clone(),
+            "counters": {
+                "sampled": self._sampled,
+                "last_target": self._last_target,
+                "owed": self._owed,
+                "grad_steps": self.grad_steps,
+                "target_update_calls": int(self.target.counter),
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_algorithm(state, self.algo)
+        load_learned_state(self.loss, state["loss"])
+        load_optimizer(self.optim, state["optim"], float(self.trial.hp("lr")))
+        # eps_init / eps_end / annealing_num_steps stay the trial's; epsilon itself continues where it was
+        self.greedy.eps.copy_(state["epsilon"])
+        c = state["counters"]
+        self._sampled, self._last_target, self._owed = int(c["sampled"]), int(c["last_target"]), float(c["owed"])
+        self.grad_steps = int(c["grad_steps"])
+        self.target.counter = int(c["target_update_calls"])
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """The learner's whole state into ``folder``: :meth:`state_dict` and the replay buffer
+        (``ReplayBuffer.dumps``: the whole pre-allocated storage, memory-mapped, and the writer's cursor)."""
+        save_state(folder, self.state_dict())
+        files = [LEARNER_FILE]
+        if len(self.buffer):  # TorchRL cannot dump a storage that holds nothing yet
+            self.buffer.dumps(folder / REPLAY_DIR)
+            files.append(REPLAY_DIR)
+        return {"learner": type(self).__name__, "algorithm": self.algo, "grad_steps": self.grad_steps,
+                "replay_size": len(self.buffer), "epsilon": float(self.greedy.eps), "files": files}  # fmt: skip
+
+    def restore(self, folder: Path, *, replay: bool = True) -> None:
+        self.load_state_dict(read_state(folder))
+        if replay and (Path(folder) / REPLAY_DIR).is_dir():
+            self.buffer.loads(Path(folder) / REPLAY_DIR)
+
+    def diagnostics(self) -> dict[str, float]:
+        """Exploration epsilon and replay size now (reported at every point, learning or not)."""
+        return {M.DIAG_EPSILON: float(self.greedy.eps), M.DIAG_REPLAY_SIZE: float(len(self.buffer))}
+
+    def native(self) -> dict[str, Any]:
+        return {
+            "loss": {"class": "DQNLoss", "kwargs": self.loss_kwargs},
+            "value_estimator": {"class": "TD0Estimator", "kwargs": {"gamma": self.gamma},
+                                "n_step_postproc": f"MultiStep(n_steps={self.n_step})" if self.multistep else None},
+            "exploration": {"class": "EGreedyModule", "kwargs": self.greedy_kwargs,
+                            "annealed_by": "env steps sampled (EGreedyModule.step(frames) per batch)"},
+            "target_network": {"class": "HardUpdate", "copy_every_env_steps": self.target_update},
+            "replay_buffer": {"class": "ReplayBuffer", "storage": f"LazyTensorStorage({self.buffer._storage.max_size})",
+                              "sampler": "RandomSampler (uniform, with replacement)", "batch_size": self.batch_size},
+            "learning_starts_env_steps": self.learning_starts,
+            "replay_ratio": self.replay_ratio,
+            "optimizer": {"class": "torch.optim.Adam", "lr": self.optim.defaults["lr"], "eps": self.optim.defaults["eps"]},
+            "grad_clip_norm": self.grad_clip,
+            "networks": {"q": repr(self.qnet), "q_params": count_params(self.qvalue)},
+        }  # fmt: skip
+
+
+def build_learner(*, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> OnPolicyLearner | DQNLearner:
+    if trial.algorithm == "dqn":
+        return DQNLearner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
+    if trial.algorithm in ("ppo", "a2c", "a3c", "impala"):
+        return OnPolicyLearner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
+    raise ValueError(f"torchrl: no {trial.algorithm!r} (see adapters/registry.py for why)")

@@ -1,0 +1,521 @@
+"""The ``crossrl bench`` commands as library functions: sampling (and its layout sweep), scaling, e2e, overhead,
+sweep.
+
+Each returns plain data (:mod:`crossrl.measure.bench.results`), which has ``to_json(path)``, and has a
+printer there. Throughput is measured interleaved (A B C D A B C D ...), each measurement in a fresh
+process with its own warm-up, and quoted as ratios of medians measured in the same run, because
+absolute figures move from run to run on shared machines (DESIGN.md, "Measuring speed").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from crossrl.measure.bench.results import (
+    E2ERow,
+    E2ETable,
+    LayoutSweep,
+    Overhead,
+    SpeedTable,
+    SweepRow,
+    SweepTable,
+    add_scaling,
+    speed_rows,
+)
+from crossrl.measure.bench.samplers import (
+    AUTO_TRAIN_BATCH,
+    DEFAULT_MODEL,
+    SamplerResult,
+    auto_fragment,
+    default_model,
+    measure,
+)
+from crossrl.scenarios import catalog
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.spec import DEFAULT_TRANSPORT, EnvSpec, ModelSpec
+
+# raw: plain processes stepping the envs with random actions; limit: the same running the policy network too
+SAMPLING_ENGINES = ("raw", "limit", *catalog.ENGINES)
+SCALING_ENGINES = ("raw", *catalog.ENGINES)
+Progress = Callable[[str], None]  # one line of progress text
+
+
+def _say(progress: Progress | None, text: str) -> None:
+    if progress is not None:
+        progress(text)
+
+
+def _interleaved(
+    contestants: Sequence[tuple[str, str | None, str | None]],
+    *,
+    env_spec: EnvSpec,
+    workers: Sequence[int],
+    envs_per_worker: int,
+    repeat: int,
+    seconds: float,
+    warmup_s: float,
+    fragments: Sequence[int | None],
+    model: ModelSpec,
+    progress: Progress | None,
+    rss: bool = False,
+) -> list[SamplerResult]:
+    """Round r: for each worker count and each fragment (None: :func:`auto_fragment`), every contestant
+    (engine, crossrl's optimizer, crossrl's transport) once, in order; ``repeat`` rounds. ``rss``: also read each
+    env-stepping process's peak RSS."""
+    if repeat < 1:
+        raise ValueError(f"bench: repeat={repeat} must be >= 1")
+    out = []
+    for r in range(repeat):
+        for w in workers:
+            for fragment in fragments:
+                for engine, optimizer, transport in contestants:
+                    res = measure(
+                        engine,
+                        env_spec=env_spec,
+                        workers=w,
+                        envs_per_worker=envs_per_worker,
+                        model=model,
+                        seconds=seconds,
+                        warmup_s=warmup_s,
+                        fragment=fragment or auto_fragment(w, envs_per_worker),
+                        optimizer=optimizer,
+                        rss=rss,
+                        transport=transport,
+                    )
+                    out.append(res)
+                    frag = f" fragment {res.fragment}" if len(fragments) > 1 else ""
+                    _say(progress, f"round {r + 1}/{repeat}: {res.label} w{w}{frag}: {res.steps_per_s[0]:,.0f} steps/s")
+    return out
+
+
+def bench_sampling(
+    *,
+    env_id: str = "CartPole-v1",
+    env_spec: EnvSpec | None = None,
+    workers: Sequence[int] = (1, 2),
+    envs_per_worker: int = 8,
+    repeat: int = 3,
+    seconds: float = 3.0,
+    engines: Sequence[str] = SAMPLING_ENGINES,
+    warmup_s: float = 1.0,
+    fragment: int | None = None,
+    model: ModelSpec | None = None,
+    progress: Progress | None = None,
+    transports: Sequence[str] = (DEFAULT_TRANSPORT,),
+) -> SpeedTable:
+    """Pure-sampling env steps/s of each engine at each worker count, interleaved over ``repeat`` rounds.
+
+    ``seconds``: timed wall seconds per measurement (after ``warmup_s`` s of warm-up in the same
+    process). ``fragment``: env steps per env per iteration (one weight broadcast per iteration), the
+    same for every engine; None: :func:`auto_fragment` per worker count.
+    Include "raw", "limit" and "crossrl" in ``engines`` to get the ratios to them. ``env_spec`` (a scenario's env,
+    e.g. a multi-agent one with its policy mapping; raw then steps its PettingZoo envs with random joint actions)
+    replaces ``env_id``. ``model``: every engine's network; None: :func:`~.samplers.default_model` (the suite's
+    conv model for a pixel env, a 64x64 tanh MLP otherwise). "limit" (one process per worker stepping the same
+    vector env and running that network's batched forward pass every step, no framework) needs a single-agent
+    env and is left out for a multi-agent one. Each env-stepping process's peak RSS is read after its timed part.
+    """
+    unknown = [e for e in engines if e not in SAMPLING_ENGINES]
+    if unknown:
+        raise ValueError(f"bench sampling: unknown engine(s) {unknown}; known: {', '.join(SAMPLING_ENGINES)}")
+    env_spec = env_spec or EnvSpec(id=env_id)
+    model = model or default_model(env_spec)
+    if env_spec.multi_agent and "limit" in engines:
+        engines = [e for e in engines if e != "limit"]
+        _say(progress, f"limit: left out, {env_spec.id} is a multi-agent env (the limit steps single-agent envs)")
+    contestants: list[tuple[str, str | None, str | None]] = []
+    for e in engines:
+        contestants += [(e, "sync_samples", t) for t in transports] if e == "crossrl" else [(e, None, None)]
+    results = _interleaved(
+        contestants,
+        env_spec=env_spec, workers=workers, envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds,
+        warmup_s=warmup_s, fragments=[fragment], model=model, progress=progress, rss=True,
+    )  # fmt: skip
+    # sync_samples is crossrl's default sampler here: label it plainly "crossrl".
+    for r in results:
+        r.optimizer = None
+    frag: Any = fragment or {
+        "auto": f"ceil({AUTO_TRAIN_BATCH} / (workers x envs_per_worker))",
+        **{f"w{w}": auto_fragment(w, envs_per_worker) for w in workers},
+    }
+    cond = {"seconds": seconds, "warmup_s": warmup_s, "repeat": repeat, "fragment": frag,
+            "model": model.model_dump(mode="json"), "network": network_line(model), "crossrl_optimizer": "sync_samples",
+            "crossrl_transports": list(transports),
+            "machine_cores": os.cpu_count() or 1}  # fmt: skip
+    if env_spec.multi_agent:
+        cond["env"] = env_spec.model_dump(mode="json", exclude_defaults=True)
+    return SpeedTable(kind="sampling", env_id=env_spec.id, rows=speed_rows(results), conditions=cond)
+
+
+def bench_sampling_sweep(
+    *,
+    env_id: str = "CartPole-v1",
+    env_spec: EnvSpec | None = None,
+    workers: int = 2,
+    envs_per_worker: int = 8,
+    repeat: int = 3,
+    seconds: float = 3.0,
+    engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
+    warmup_s: float = 1.0,
+    fragment: int | None = None,
+    model: ModelSpec | None = None,
+    points: int | None = None,
+    stop_below: float = 0.5,
+    progress: Progress | None = None,
+) -> LayoutSweep:
+    """``bench sampling --sweep``: per engine, its execution layouts (:func:`.layouts.grid`: RLlib's env runners,
+    envs per runner, vectorisation and fragment; TorchRL's collector, batched env and frames per batch; crossrl's
+    fixed layout and one more) for the same ``workers x envs_per_worker`` envs and ``fragment x`` that many env
+    steps per iteration (None: :func:`auto_fragment`), within ``2 x cores`` sampling processes; each timed as
+    :func:`bench_sampling` times a contestant, interleaved over ``repeat`` rounds (:func:`.layouts.sweep`: points
+    below ``stop_below`` x their engine's best so far stop after a round). ``points``: at most that many layouts
+    of RLlib and TorchRL each, the fixed one first (crossrl then times its fixed layout alone). Single-agent envs
+    only. Returns each engine's best layout beside its fixed
+    one and the whole grid (:class:`~.results.LayoutSweep`)."""
+    from crossrl.measure.bench.layouts import SWEEP_ENGINES, sweep
+
+    unknown = [e for e in engines if e not in SWEEP_ENGINES]
+    if unknown or not engines:
+        raise ValueError(f"bench sampling --sweep: engine(s) {unknown or 'none'}; layouts exist for "
+                         f"{', '.join(SWEEP_ENGINES)}")  # fmt: skip
+    if workers < 1 or envs_per_worker < 1:
+        raise ValueError(f"bench sampling --sweep: workers={workers}, envs_per_worker={envs_per_worker} must be >= 1")
+    env_spec = env_spec or EnvSpec(id=env_id)
+    if env_spec.multi_agent:
+        raise ValueError(f"bench sampling --sweep: {env_spec.id} is a multi-agent env; the sweep's layouts are for "
+                         "single-agent envs")  # fmt: skip
+    model = model or default_model(env_spec)
+    result = sweep(
+        env_spec, workers=workers, envs_per_worker=envs_per_worker, engines=engines, repeat=repeat, seconds=seconds,
+        warmup_s=warmup_s, fragment=fragment or auto_fragment(workers, envs_per_worker), model=model, points=points,
+        stop_below=stop_below, progress=progress,
+    )  # fmt: skip
+    result.conditions["network"] = network_line(model)
+    return result
+
+
+def network_line(model: ModelSpec) -> str:
+    """The model on one line, for the table's title: ``conv [[16, 3, 1]] hidden [128] relu``."""
+    conv = f"conv {[list(c) for c in model.conv]} " if model.conv else ""
+    return f"{conv}hidden {list(model.hidden)} {model.activation}"
+
+
+def bench_scaling(
+    *,
+    env_id: str = "CartPole-v1",
+    env_latency_ms: float = 2.0,
+    workers: Sequence[int] = (1, 2, 4, 8, 16),
+    engines: Sequence[str] = SCALING_ENGINES,
+    optimizers: Sequence[str] = ("sync_samples", "async_samples"),
+    envs_per_worker: int = 1,
+    repeat: int = 1,
+    seconds: float = 3.0,
+    warmup_s: float = 1.0,
+    fragments: Sequence[int] = (64,),
+    model: ModelSpec = DEFAULT_MODEL,
+    progress: Progress | None = None,
+    transports: Sequence[str] = (DEFAULT_TRANSPORT,),
+) -> SpeedTable:
+    """Throughput against workers on an env whose step sleeps ``env_latency_ms`` (wall time, no CPU).
+
+    ``fragments``: env steps per worker per iteration; several make a sweep (interleaved in the same rounds:
+    Ray's cost per sample call is paid once per fragment, so efficiency depends on it); speedup and
+    efficiency are then per fragment.
+
+    crossrl is measured once per optimizer in ``optimizers`` (rows "crossrl/<optimizer>"), each
+    through the optimizer's own ``step()`` with a no-op learning step; ratios to crossrl use
+    "crossrl/sync_samples", and once per transport in ``transports`` (rows "crossrl/<optimizer>+calls" for Ray
+    calls; the default transport's rows carry no suffix). Ray is started with ``max(workers, cores)`` CPUs and every actor asks for
+    one, so 16 sleeping workers fit on 2 cores. Speedup and efficiency are against the fewest workers.
+    "raw" (plain processes stepping the same latency env with random actions, ``fragment`` steps per
+    request over a pipe, a barrier per request like sync_samples) is the machine's own scaling limit.
+    """
+    unknown = [e for e in engines if e not in SAMPLING_ENGINES]
+    if unknown:
+        raise ValueError(f"bench scaling: unknown engine(s) {unknown}; known: {', '.join(SAMPLING_ENGINES)}")
+    fragments = list(dict.fromkeys(fragments))  # a repeated value is measured once
+    if not fragments or any(f < 1 for f in fragments):
+        raise ValueError(f"bench scaling: fragments {fragments} must be one or more integers >= 1")
+    contestants: list[tuple[str, str | None, str | None]] = []
+    for e in engines:
+        contestants += [(e, o, t) for o in optimizers for t in transports] if e == "crossrl" else [(e, None, None)]
+    results = _interleaved(
+        contestants,
+        env_spec=EnvSpec(id=env_id, step_latency_ms=env_latency_ms), workers=sorted(workers),
+        envs_per_worker=envs_per_worker, repeat=repeat, seconds=seconds, warmup_s=warmup_s, fragments=fragments,
+        model=model, progress=progress,
+    )  # fmt: skip
+    rows = speed_rows(results, crossrl_label="crossrl/sync_samples")
+    add_scaling(rows)
+    cond = {"env_latency_ms": env_latency_ms, "seconds": seconds, "warmup_s": warmup_s, "repeat": repeat,
+            "fragment": fragments[0] if len(fragments) == 1 else fragments, "ray_cpus": "max(workers, cores), 1 per actor",
+            "machine_cores": os.cpu_count() or 1, "model": model.model_dump(mode="json"),
+            "crossrl_transports": list(transports)}  # fmt: skip
+    return SpeedTable(kind="scaling", env_id=env_id, rows=rows, conditions=cond)
+
+
+def bench_e2e(
+    *,
+    engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
+    seeds: Sequence[int] = (0, 1, 2),
+    store: Any = None,
+    scenario: str = "cartpole-ppo",
+    progress: Progress | None = None,
+    limit: bool = True,
+) -> E2ETable:
+    """Run ``scenario`` (PPO CartPole-v1 to 450) through the real runner; wall seconds to target per engine.
+
+    ``limit``: then also time, in the same run, the raw env alone and crossrl's learner alone
+    (:func:`e2e_parts`), and give each seed's wall seconds against the sum of the two for its env steps.
+
+    ``store``: a :class:`~crossrl.reports.store.ResultsStore`; None: a throw-away one in a temp folder.
+    Wall seconds are the trials' ``wall_s_to_target`` (from the clock start, set-up excluded); each
+    trial stops at its target (``budget.stop_at_target``).
+    """
+    from crossrl.orchestration.runner import run_scenario
+    from crossrl.reports.store import ResultsStore
+    from crossrl.scenarios.loader import load
+
+    # each trial ends at the target: what is measured is the time to reach it, not the rest of the budget
+    overrides = {"engines": list(engines), "seeds": list(seeds), "budget.stop_at_target": True}
+    spec, path = load(scenario, overrides=overrides)
+    with tempfile.TemporaryDirectory(prefix="crossrl-bench-e2e-") as tmp:
+        st = store if store is not None else ResultsStore(results_dir=Path(tmp))
+
+        def notify(event: str, payload: dict[str, Any]) -> None:
+            if event == "trial_end":
+                r = payload["result"]
+                _say(progress, f"{r.trial.name}: {r.status}, wall_s_to_target={r.summary.get(M.WALL_S_TO_TARGET)}")
+
+        outcome = run_scenario(spec, store=st, spec_path=path, skip_unsupported=True, progress=notify,
+                               command=f"crossrl bench e2e {scenario}")  # fmt: skip
+    parts = e2e_parts(spec, progress=progress) if limit else None
+    return e2e_table(spec, outcome, parts)
+
+
+def bench_sweep(
+    *,
+    ray_address: str,
+    scenario: str = "smoke",
+    parallel: int = 2,
+    overrides: dict[str, Any] | None = None,
+    progress: Progress | None = None,
+) -> SweepTable:
+    """The scenario's sweep on the cluster at ``ray_address`` twice, both timed: ``parallel`` trials at once
+    first, then one trial at a time (so whatever the first sweep warms, such as Ray's idle workers, helps
+    the sequential one). Each into a throw-away store of its own."""
+    from crossrl.orchestration.runner import run_scenario
+    from crossrl.reports.store import ResultsStore
+    from crossrl.scenarios.loader import load
+
+    spec, path = load(scenario, overrides=overrides or {})
+    rows = []
+    for at_once in (parallel, 1):
+        with tempfile.TemporaryDirectory(prefix="crossrl-bench-sweep-") as tmp:
+
+            def notify(event: str, payload: dict[str, Any], at_once: int = at_once) -> None:
+                if event == "trial_end":
+                    r = payload["result"]
+                    _say(progress, f"--parallel {at_once}: {r.trial.name} {r.status} ({r.wall_s:.1f} s)")
+
+            t0 = time.perf_counter()
+            outcome = run_scenario(
+                spec,
+                store=ResultsStore(results_dir=Path(tmp)),
+                spec_path=path,
+                ray_address=ray_address,
+                progress=notify,
+                command=f"crossrl bench sweep {scenario} --parallel {at_once}",
+                parallel=at_once,
+            )
+            wall = time.perf_counter() - t0
+        finished = sum(r.status == M.FINISHED for r in outcome.results)
+        rows.append(SweepRow(at_once, len(outcome.results), finished, wall, outcome.parent_id))
+    return SweepTable(scenario=spec.name, ray_address=ray_address, rows=rows)
+
+
+def e2e_parts(spec: Any, *, seconds: float = 5.0, progress: Progress | None = None) -> dict[str, float]:
+    """The two parts a PPO iteration of ``spec`` cannot avoid, each timed in a fresh process: the raw env alone
+    (``workers x envs_per_worker`` envs in plain processes, random actions, the train batch's fragment per
+    request) and crossrl's learner alone (the scenario's epochs and minibatches on one stored train batch), as
+    env steps per second of each."""
+    workers = spec.execution.workers[0]
+    envs = spec.execution.envs_per_worker
+    hp = spec.algorithm.resolved_hyperparams()
+    fragment = -(-int(hp["train_batch"]) // (workers * envs))
+    kw = {"env_spec": spec.env, "workers": workers, "envs_per_worker": envs, "model": spec.algorithm.model,
+          "seconds": seconds, "fragment": fragment}  # fmt: skip
+    raw = measure("raw", **kw)
+    _say(progress, f"raw env alone, {workers} x {envs}: {raw.steps_per_s[0]:,.0f} env steps/s")
+    learner = measure("learner", **kw, warmup_s=2.0, hyperparams=hp)
+    per_iteration = learner.info["train_batch"] / learner.steps_per_s[0]
+    _say(progress, f"learner alone: {per_iteration:.3f} s per iteration of {learner.info['train_batch']} env steps")
+    return {
+        "raw_env_steps_per_s": raw.steps_per_s[0],
+        "learner_env_steps_per_s": learner.steps_per_s[0],
+        "learner_s_per_iteration": per_iteration,
+        "train_batch": float(learner.info["train_batch"]),
+    }
+
+
+def e2e_table(spec: Any, outcome: Any, parts: dict[str, float] | None = None) -> E2ETable:
+    """Per engine of ``spec`` (a ScenarioSpec), its trials' wall seconds and env steps to the target; with
+    ``parts`` (:func:`e2e_parts`) also each seed's limit: its env steps to the target through the raw env alone
+    plus the learner alone."""
+
+    rows = []
+    for engine in spec.engines:
+        mine = [r for r in outcome.results if r.trial.engine == engine]
+        steps = [_opt(r.summary.get(M.STEPS_TO_TARGET)) for r in mine]
+        rows.append(
+            E2ERow(
+                engine=engine,
+                wall_s=[_opt(r.summary.get(M.WALL_S_TO_TARGET)) for r in mine],
+                steps=steps,
+                statuses=[r.status for r in mine],
+                limit_s=[e2e_limit_s(n, parts) for n in steps] if parts else [],
+            )
+        )
+    target = spec.target.episode_return_mean
+    return E2ETable(scenario=spec.name, target=target, rows=rows, parent_run_id=outcome.parent_id, parts=parts or {})
+
+
+def e2e_limit_s(steps: float | None, parts: dict[str, float]) -> float | None:
+    """Seconds the raw env alone and the learner alone need for ``steps`` env steps (None: target not reached)."""
+    if steps is None:
+        return None
+    return steps / parts["raw_env_steps_per_s"] + steps / parts["learner_env_steps_per_s"]
+
+
+def _opt(x: Any) -> float | None:
+    return float(x) if x is not None else None
+
+
+def bench_overhead(
+    *,
+    results_dir: Path | None = None,
+    report_builds: int = 1,
+    help_repeats: int = 5,
+    rss_seconds: float = 3.0,
+    rss_workers: int = 2,
+    rss_envs_per_worker: int = 8,
+    compare_rllib_rss: bool = True,
+    progress: Progress | None = None,
+) -> Overhead:
+    """crossrl's own costs: store logging share of a smoke run, report build, CLI start, evaluator RSS.
+
+    - Logging: the ``smoke`` scenario, crossrl only, 1 worker, 1 seed, through the real runner with a
+      store whose ``log_points`` (and every other write) is timed; ``results_dir`` (default: a temp
+      folder) holds that store.
+    - Report: ``build_report`` over synthetic frames of 100 runs x 200 points, ``report_builds`` times.
+    - CLI: ``crossrl --help`` as a whole process, ``help_repeats`` times.
+    - Memory: peak RSS (VmHWM) of each crossrl evaluator actor after ``rss_seconds`` of sampling
+      ``rss_workers x rss_envs_per_worker`` CartPole envs (and of RLlib's env runners, for reference).
+    """
+    with tempfile.TemporaryDirectory(prefix="crossrl-bench-overhead-") as tmp:
+        run_wall, log_s, write_s = _timed_smoke_run(results_dir or Path(tmp), progress)
+        _say(progress, f"smoke run {run_wall:.1f} s, log_points {log_s:.2f} s, store writes {write_s:.2f} s")
+        builds = _time_report_builds(Path(tmp) / "report", report_builds)
+        _say(progress, f"report builds: {', '.join(f'{b:.2f}' for b in builds)} s")
+    helps = _time_help(help_repeats)
+    _say(progress, f"crossrl --help: {', '.join(f'{h:.2f}' for h in helps)} s")
+    env = EnvSpec(id="CartPole-v1")
+    kw: dict[str, Any] = {"env_spec": env, "workers": rss_workers, "envs_per_worker": rss_envs_per_worker,
+                          "seconds": rss_seconds, "rss": True}  # fmt: skip
+    rss = measure("crossrl", optimizer="sync_samples", **kw).peak_rss_mb or []
+    rllib_rss = (measure("rllib", **kw).peak_rss_mb or []) if compare_rllib_rss else []
+    _say(progress, f"peak RSS: crossrl evaluators {rss}, rllib env runners {rllib_rss} MiB")
+    return Overhead(
+        run_wall_s=run_wall,
+        log_points_s=log_s,
+        store_writes_s=write_s,
+        report_build_s=builds,
+        help_s=helps,
+        evaluator_peak_rss_mb=rss,
+        rllib_env_runner_peak_rss_mb=rllib_rss,
+        details={
+            "smoke": "crossrl x 1 worker x seed 0",
+            "rss_workers": rss_workers,
+            "rss_envs_per_worker": rss_envs_per_worker,
+        },  # fmt: skip
+    )
+
+
+_WRITES = ("start_parent", "start_trial", "log_points", "set_tags", "log_native_config", "log_text", "log_file",
+           "finish_trial", "finish_parent")  # fmt: skip
+
+
+def _timed_store(results_dir: Path) -> tuple[Any, dict[str, float]]:
+    """A ResultsStore whose write methods add their wall seconds to the returned dict (by method name)."""
+    from crossrl.reports.store import ResultsStore
+
+    store = ResultsStore(results_dir=results_dir)
+    spent: dict[str, float] = dict.fromkeys(_WRITES, 0.0)
+    for name in _WRITES:
+        original = getattr(store, name)
+
+        def timed(*args: Any, _f: Callable[..., Any] = original, _n: str = name, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _f(*args, **kwargs)
+            finally:
+                spent[_n] += time.perf_counter() - t0
+
+        setattr(store, name, timed)
+    return store, spent
+
+
+def _timed_smoke_run(results_dir: Path, progress: Progress | None) -> tuple[float, float, float]:
+    """(run wall s, log_points s, all store writes s) of the smoke scenario on crossrl, 1 worker, seed 0."""
+    from crossrl.orchestration.runner import run_scenario
+    from crossrl.scenarios.loader import load
+
+    spec, path = load("smoke", overrides={"engines": ["crossrl"], "seeds": [0], "execution.workers": [1]})
+    store, spent = _timed_store(results_dir)
+    t0 = time.perf_counter()
+    outcome = run_scenario(spec, store=store, spec_path=path, command="crossrl bench overhead")
+    wall = time.perf_counter() - t0
+    bad = [f"{r.trial.name}: {r.status} {r.reason}" for r in outcome.results if r.status != M.FINISHED]
+    if bad:
+        raise RuntimeError(f"bench overhead: the smoke run did not finish: {bad}")
+    return wall, spent["log_points"], sum(spent.values())
+
+
+def _time_report_builds(out_dir: Path, n: int, **frames: Any) -> list[float]:
+    """Wall seconds of ``n`` report builds over synthetic frames (default: 100 runs x 200 points)."""
+    from crossrl.measure.bench.synthetic import synthetic_frames
+    from crossrl.reports.render import build_report
+
+    trials, points, meta = synthetic_frames(**frames)
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        build_report(trials=trials, points=points, meta=meta, out_dir=out_dir / f"r{i}")
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def help_command() -> list[str]:
+    """The installed ``crossrl`` script next to this Python, else the same entry point through ``-c``."""
+    script = Path(sys.executable).with_name("crossrl")
+    if script.exists():
+        return [str(script), "--help"]
+    return [sys.executable, "-c", "import sys; from crossrl.cli import main; sys.exit(main())", "--help"]
+
+
+def _time_help(n: int) -> list[float]:
+    cmd = help_command()
+    env = {**os.environ, "COLUMNS": "100"}
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=120)
+        times.append(time.perf_counter() - t0)
+    return times

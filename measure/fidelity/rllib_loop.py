@@ -1,0 +1,104 @@
+"""RLlib's own loop: an ``AlgorithmConfig`` rebuilt from the native config crossrl's RLlib adapter stored for the same
+trial, ``build_algo()`` and ``train()`` in a plain loop on the gymnasium env; nothing of crossrl's adapter.
+
+What is taken from the stored config: every setting in which it differs from the algorithm's own defaults (RLlib's
+``to_dict()`` of a fresh ``PPOConfig()`` / ``IMPALAConfig()``): that is what crossrl chose, and nothing else is
+changed. What is replaced: ``env`` (crossrl's registered creator: here the gymnasium id, made by RLlib itself),
+``env_config`` (crossrl's env spec: empty) and the episode callback (crossrl's: here one that lists each finished
+episode's return and length, so both sides are measured alike; it changes nothing RLlib trains on). A stored
+setting that is an object RLlib cannot rebuild from JSON (a custom RLModule: pixel specs) is refused with its name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from crossrl.adapters.base import MetricSink
+from crossrl.measure.fidelity import beat, stored_config
+from crossrl.scenarios.spec import Trial
+
+RETURNS_KEY = "fidelity_episodes"
+# crossrl's own objects in the stored config, replaced by the native loop's (module docstring)
+REPLACED = frozenset({"env", "env_config", "callbacks_on_episode_end"})
+
+
+def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **_: Any) -> None:
+    """A finished episode's return and length (its earlier chunks included), as RLlib's own return metric sums
+    them, unreduced, so a point holds the episodes finished since the previous one."""
+    chunks = [*(prev_episode_chunks or []), episode]
+    ret = float(sum(c.get_return() for c in chunks))
+    metrics_logger.log_value(RETURNS_KEY, (ret, int(sum(len(c) for c in chunks))), reduce="item_series")
+
+
+def _plain(value: Any) -> Any:
+    """JSON types, objects as their repr without the address (a function's repr differs between processes)."""
+    return json.loads(re.sub(r" at 0x[0-9a-f]+", "", json.dumps(value, default=repr)))
+
+
+def settings_from(stored: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored settings that differ from RLlib's defaults, minus crossrl's own objects (``REPLACED``)."""
+    plain, stored = _plain(dict(defaults)), _plain(dict(stored))
+    out: dict[str, Any] = {}
+    for key, value in stored.items():
+        if key in REPLACED or key not in plain or value == plain[key]:
+            continue
+        if isinstance(value, str) and value.startswith("<") and value.endswith(">"):
+            raise ValueError(
+                f"rllib-native: the stored setting {key} is an object ({value[:80]}); it cannot be rebuilt"
+            )
+        out[key] = value
+    return out
+
+
+class RllibNativeLoop:
+    """RLlib's own loop: build_algo() and train() on the stored config's settings."""
+
+    engine: ClassVar[str] = "rllib-native"
+    algorithms: ClassVar[dict[str, str]] = {
+        "ppo": "PPOConfig from the stored native config; build_algo(); train() in a loop",
+        "impala": "IMPALAConfig from the stored native config; build_algo(); train() in a loop",
+    }
+
+    def run(self, trial: Trial, sink: MetricSink) -> None:
+        if trial.env.multi_agent or trial.model.conv or trial.algorithm not in self.algorithms:
+            raise ValueError(
+                f"rllib-native runs {', '.join(self.algorithms)} on single-agent gymnasium envs with an MLP, "
+                f"not {trial.algorithm} on {trial.env.id}"
+            )
+        import ray
+        from ray.rllib.algorithms.impala import IMPALAConfig
+        from ray.rllib.algorithms.ppo import PPOConfig
+
+        cls = {"ppo": PPOConfig, "impala": IMPALAConfig}[trial.algorithm]
+        stored = stored_config(trial.seed)
+        settings = settings_from(stored, cls().to_dict())
+        config = cls().update_from_dict(settings)
+        config.environment(env=trial.env.id, env_config=dict(trial.env.kwargs)).callbacks(
+            on_episode_end=_on_episode_end
+        )
+        ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
+        algo = None
+        try:
+            algo = config.build_algo()
+            sink.start_clock()
+            sink.tags(engine_version=ray.__version__, native_loop="rllib: build_algo() + train()")
+            sink.native_config({"settings_from_stored_config": settings, "env": trial.env.id})
+            while not sink.exhausted:
+                result = algo.train()
+                runners = result.get("env_runners", {})
+                episodes = [(float(r), int(n)) for r, n in runners.get(RETURNS_KEY, [])]
+                sink.point(
+                    env_steps_sampled=int(runners.get("num_env_steps_sampled_lifetime", 0)),
+                    env_steps_trained=None,
+                    episode_returns=[r for r, _ in episodes],
+                    episode_lengths=[n for _, n in episodes],
+                )
+                beat()
+        finally:
+            if algo is not None:
+                algo.stop()
+            ray.shutdown()

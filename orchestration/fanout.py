@@ -1,0 +1,437 @@
+"""A sweep's trials fanned out over a Ray cluster: up to N at once, each in a Ray actor of its own.
+
+Each trial runs in a :class:`TrialHost` actor (its own worker process, so engines keep their global state
+apart, as in a trial process on one machine) inside a placement group of one bundle for the trial's driver
+and one per worker. By default the group is ``STRICT_PACK``: every process of the trial on one node, so its
+speed figures are one node's; ``spread`` lets Ray place the bundles across nodes. The group captures the
+actors the engine starts (crossrl's evaluators, RLlib's env runners, TorchRL's Ray collectors), so they run
+in the trial's bundles, on its node.
+
+The launcher (the ``crossrl run`` process) is the only writer of the store: hosts hand their messages over
+when asked (:meth:`TrialHost.take`), and the launcher records them as a trial process's messages
+(:class:`~crossrl.orchestration.runner.TrialRecorder`). No node needs the store's address. The actors belong to
+the launcher's Ray job: if the launcher dies, Ray ends them, and ``crossrl run --resume`` reruns the trials
+that did not end. Each trial is tagged with its node and the trials that ran on that node meanwhile
+(``node.shared_with``): throughput measured beside other trials is marked as such in the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import queue
+import shutil
+import signal
+import socket
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from crossrl.adapters.base import MetricSink
+from crossrl.core.cluster import group_actor_pids
+from crossrl.core.envguard import WATCH_DIR_ENV, register_stacks
+from crossrl.orchestration.procs import UsageMeter
+from crossrl.orchestration.signals import Interrupted, deferred_signals, held_signals
+from crossrl.orchestration.trials import Carried, Progress, TrialRecorder, TrialResult, open_trial
+from crossrl.orchestration.watch import TrialWatch, Verdict
+from crossrl.reports.store import ResultsStore
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.loader import SpecError
+from crossrl.scenarios.spec import ScenarioSpec, Trial
+
+PLACEMENTS = {"node": "STRICT_PACK", "spread": "SPREAD"}
+TAKE_WAIT_S = 0.5  # a host waits this long for a first message before answering with none
+LOG_TAIL_BYTES = 4 << 20  # the most of a trial's log that comes back with it
+USAGE_EVERY_S = 2.0
+WATCH_EVERY_S = 0.5  # how often a host reads its trial's watch folder
+# the trial's processes: one torch / OpenMP thread each, as for a trial process on one machine
+HOST_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+class _QueueSink(MetricSink):
+    def __init__(self, trial: Trial, out: queue.Queue[dict[str, Any]], on_setup: Callable[[], None]) -> None:
+        self._out, self._on_setup = out, on_setup
+        super().__init__(trial)
+
+    def _emit(self, message: dict[str, Any]) -> None:
+        if message["kind"] == "setup":
+            self._on_setup()
+        self._out.put(message)
+
+
+def _verdict_message(verdict: Verdict) -> dict[str, Any]:
+    return {"kind": "verdict", **dataclasses.asdict(verdict)}
+
+
+class TrialHost:
+    """One trial in a Ray actor: the engine trains in a thread, the launcher takes its messages.
+
+    The engines' own output (stdout, stderr) goes to the trial's log, which comes back at the end (:meth:`log`).
+    """
+
+    def __init__(self, trial_json: str) -> None:
+        self._trial = Trial.model_validate_json(trial_json)
+        self._dir = Path(tempfile.mkdtemp(prefix="crossrl-trial-"))
+        self._log = self._dir / f"{self._trial.name}.log"
+        fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        self._out: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._usage = _Usage()
+        self._fewest_free: float | None = None
+        # The env guard's folder for this trial's processes (its runtime env names it; the actors the engine starts
+        # inherit it): faults and stalls end the trial from here, as the runner's watch does for a trial process.
+        watch_dir = os.environ.get(WATCH_DIR_ENV)
+        # A trial spread over nodes steps envs where this host cannot see their beats: no stall before one is seen.
+        stall = self._trial.budget.stall_seconds
+        self._watch = TrialWatch(Path(watch_dir), stall_seconds=stall, require_beat=True) if watch_dir else None
+        self._ended = threading.Event()
+        register_stacks()
+        threading.Thread(target=self._train, name="crossrl-trial", daemon=True).start()
+        if self._watch is not None:
+            threading.Thread(target=self._watching, name="crossrl-watch", daemon=True).start()
+
+    def _train(self) -> None:
+        try:
+            from crossrl.adapters.registry import load_adapter
+
+            on_setup = self._watch.arm if self._watch is not None else lambda: None
+            load_adapter(self._trial.engine, multi_agent=self._trial.env.multi_agent).run(
+                self._trial, _QueueSink(self._trial, self._out, on_setup)
+            )
+        except BaseException as e:  # report everything, as a trial process does
+            tb = traceback.format_exc()
+            print(tb, flush=True)
+            fault = self._watch.fault() if self._watch is not None else None  # the guard's words, on every engine
+            if not self._ended.is_set():
+                self._ended.set()
+                self._out.put(
+                    _verdict_message(fault)
+                    if fault is not None
+                    else {"kind": "error", "error": f"{type(e).__name__}: {e}", "traceback": tb}
+                )
+            return
+        if not self._ended.is_set():
+            self._ended.set()
+            self._out.put({"kind": "done"})
+
+    def _watching(self) -> None:
+        assert self._watch is not None
+        while not self._ended.wait(WATCH_EVERY_S):
+            for message in self._watch.warnings():
+                self._out.put({"kind": "warning", "message": message})
+            verdict = self._watch.check()
+            if verdict is not None and not self._ended.is_set():
+                self._ended.set()  # the launcher ends the host (and the engine's actors with it) on this error
+                self._out.put(_verdict_message(verdict))
+
+    def where(self) -> dict[str, str]:
+        import ray
+
+        return {"id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(), "pid": str(os.getpid())}
+
+    def take(self, wait_s: float = TAKE_WAIT_S) -> dict[str, Any]:
+        """The messages so far (waiting up to ``wait_s`` for a first one), and the trial's memory and CPU use."""
+        messages: list[dict[str, Any]] = []
+        with contextlib.suppress(queue.Empty):
+            messages.append(self._out.get(timeout=wait_s))
+            while True:
+                messages.append(self._out.get_nowait())
+        from crossrl.core.cluster import group_free_cpus
+
+        # the fewest CPUs the group had free: 0 once the engine's workers hold the group's CPUs (they were
+        # started inside it), the workers' count if they took CPUs elsewhere in the cluster
+        free = group_free_cpus()
+        if free is not None:
+            self._fewest_free = free if self._fewest_free is None else min(self._fewest_free, free)
+        self._usage.sample()
+        usage = self._usage
+        return {
+            "messages": messages,
+            "peak_rss": usage.peak_rss,
+            "cpu_seconds": usage.cpu_seconds,
+            "whole": usage.whole,
+            "group_free_cpus": self._fewest_free,
+        }
+
+    def log(self) -> bytes:
+        with open(self._log, "rb") as f:
+            f.seek(max(0, self._log.stat().st_size - LOG_TAIL_BYTES))
+            return f.read()
+
+
+class _Usage(UsageMeter):
+    """Peak RSS and CPU seconds of the host process and the actors of its placement group on this node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pids: list[int] = []
+        self._pids_at = 0.0
+        self.whole = True  # False once the group's actors cannot be listed: then this process alone
+
+    def _group_pids(self) -> list[int]:
+        if self.whole and time.monotonic() - self._pids_at > 10.0:
+            self._pids_at = time.monotonic()
+            try:  # the GCS actor table: a private Ray API, so any failure means this process alone
+                pids = group_actor_pids()
+                if pids is not None:
+                    self._pids = pids
+            except Exception:
+                self.whole = False
+        return self._pids
+
+    def sample(self) -> None:
+        mine = []
+        for pid in {os.getpid(), *self._group_pids()}:
+            with contextlib.suppress(psutil.Error):
+                mine.append(self.known.get(pid) or psutil.Process(pid))
+        self.measure(mine)
+
+
+@dataclass
+class _Running:
+    """A trial the launcher started: its placement group, then its host, and what it reported so far."""
+
+    trial: Trial
+    rec: TrialRecorder
+    group: Any
+    group_ready: Any
+    queued_at: float
+    host: Any = None
+    take: Any = None
+    where: Any = None
+    node: dict[str, str] = field(default_factory=dict)
+    started: float | None = None  # when its host was placed (its wall-clock budget counts from here)
+    ended: float | None = None
+    peak_rss: float = 0.0
+    cpu_seconds: float = 0.0
+    usage_whole: bool = True  # memory and CPU counted over the trial's actors, not its driver alone
+    group_free_cpus: float | None = None  # the fewest CPUs the trial's group had free while it ran
+    watch_dir: str = ""  # the env guard's folder of the trial's processes (crossrl.orchestration.watch)
+
+
+def bundles(trial: Trial) -> list[dict[str, float]]:
+    """The trial's placement group: one CPU for its driver (the host), one per worker."""
+    return [{"CPU": 1.0}] + [{"CPU": 1.0} for _ in range(trial.workers)]
+
+
+def check_fits(trials: list[Trial], *, placement: str) -> None:
+    """Refuse, before anything runs, a trial no node of the cluster can hold (it would wait for ever)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    biggest = max((float(n["Resources"].get("CPU", 0.0)) for n in nodes), default=0.0)
+    total = sum(float(n["Resources"].get("CPU", 0.0)) for n in nodes)
+    problems = []
+    for t in trials:
+        need = sum(b["CPU"] for b in bundles(t))
+        room = biggest if placement == "node" else total
+        if need > room:
+            where = (
+                f"one node (the biggest has {biggest:g} CPUs)" if placement == "node" else f"the cluster ({total:g})"
+            )
+            problems.append(
+                f"trial {t.name} needs {need:g} CPUs ({t.workers} workers + its driver) on {where}: lower "
+                "execution.workers, add bigger nodes" + (", or --placement spread" if placement == "node" else "")
+            )
+    if problems:
+        raise SpecError(problems)
+
+
+def connect_launcher(ray_address: str | None, *, num_cpus: int | None = None) -> str:
+    """Join the cluster at ``ray_address`` (or start a local one on 127.0.0.1 with ``num_cpus`` logical CPUs, this
+    machine's by default); returns its address.
+
+    ``ray.init`` puts its own SIGTERM handler in place (``sys.exit(15)``: exit code 15, no trial recorded as
+    KILLED); the launcher's handler (``stop_on_signals``) is put back.
+    """
+    from crossrl.core import cluster
+
+    on_term = signal.getsignal(signal.SIGTERM)
+    try:
+        return cluster.connect(ray_address, num_cpus=num_cpus or os.cpu_count())["ray_gcs_address"]
+    finally:
+        if on_term is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_term)
+
+
+def run_fanned_out(
+    trials: list[Trial],
+    *,
+    parallel: int,
+    placement: str,
+    store: ResultsStore,
+    parent_id: str,
+    spec: ScenarioSpec,
+    results: list[TrialResult],
+    progress: Progress,
+    beat: Any,
+    log_dir: Path,
+    attempts: dict[str, list[str]],
+    carried: dict[str, Carried] | None = None,
+) -> None:
+    """Run ``trials`` (each already bound to the cluster's address) up to ``parallel`` at once; append each
+    result to ``results`` as it ends. A stop (KeyboardInterrupt) kills every running trial, records it KILLED,
+    and is raised again as :class:`Interrupted`."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    host_cls = ray.remote(TrialHost)
+    waiting = deque(trials)
+    running: dict[str, _Running] = {}
+    history: list[_Running] = []  # every trial placed so far, for who shared a node with whom
+    total = len(trials)
+
+    def start(trial: Trial, index: int) -> None:
+        with deferred_signals():
+            run_id = open_trial(store, parent_id, trial, spec=spec, attempts=attempts)
+        group = placement_group(bundles(trial), strategy=PLACEMENTS[placement], name=f"crossrl-{run_id}")
+        rec = TrialRecorder(trial, store=store, run_id=run_id, progress=progress)
+        if carried and trial.name in carried:
+            rec.carry_over(carried[trial.name])
+        running[trial.name] = _Running(trial, rec, group, group.ready(), queued_at=time.perf_counter())
+        progress("trial_start", {"trial": trial, "index": index, "total": total})
+
+    def place(r: _Running) -> None:
+        strategy = PlacementGroupSchedulingStrategy(
+            r.group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
+        )
+        r.watch_dir = os.path.join(tempfile.gettempdir(), f"crossrl-watch-{r.trial.name}-{uuid.uuid4().hex[:8]}")
+        env_vars = {**HOST_ENV, WATCH_DIR_ENV: r.watch_dir}
+        r.host = host_cls.options(  # type: ignore[attr-defined]
+            num_cpus=1, scheduling_strategy=strategy, runtime_env={"env_vars": env_vars}
+        ).remote(r.trial.model_dump_json())
+        r.where = r.host.where.remote()
+        r.started = time.perf_counter()
+        history.append(r)
+
+    def stop_host(r: _Running) -> None:
+        if r.host is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(r.host)
+        with contextlib.suppress(Exception):
+            remove_placement_group(r.group)
+
+    def finish(r: _Running) -> None:
+        """Record the trial's end (its status already set) and free its group."""
+        r.ended = time.perf_counter()
+        log_path: Path | None = None
+        if r.host is not None:
+            with contextlib.suppress(Exception):
+                log_path = log_dir / f"{r.trial.name}.log"
+                log_path.write_bytes(ray.get(r.host.log.remote(), timeout=30))
+        stop_host(r)
+        if r.watch_dir:  # the host's node's folder: removed here when the launcher shares that node
+            shutil.rmtree(r.watch_dir, ignore_errors=True)
+        shared = sorted(
+            o.trial.name
+            for o in history
+            if o is not r and o.node.get("id") and o.node.get("id") == r.node.get("id") and _overlap(o, r)
+        )
+        with held_signals():
+            if r.node:
+                store.set_tags(
+                    r.rec.run_id,
+                    {
+                        "node.id": r.node["id"],
+                        "node.host": r.node["host"],
+                        "node.shared_with": ",".join(shared),
+                        "node.shared": str(bool(shared)).lower(),
+                        "placement": placement,
+                        "usage.scope": "trial" if r.usage_whole else "driver (Ray's state API unavailable)",
+                        **({} if r.group_free_cpus is None else {"placement.free_cpus": f"{r.group_free_cpus:g}"}),
+                    },
+                    what="placement tags",
+                )
+            r.rec.record_end(
+                wall_s=(r.ended - (r.started or r.queued_at)),
+                peak_rss=r.peak_rss,
+                cpu_seconds=r.cpu_seconds,
+                log_path=log_path if log_path is not None and log_path.exists() else None,
+            )
+        results.append(r.rec.result)
+        del running[r.trial.name]
+
+    index = 0
+    try:
+        while waiting or running:
+            while waiting and len(running) < parallel:
+                start(waiting.popleft(), index)
+                index += 1
+            now = time.perf_counter()
+            for r in list(running.values()):
+                if r.host is None:
+                    ready, _ = ray.wait([r.group_ready], timeout=0)
+                    if ready:
+                        place(r)
+                    continue
+                if r.where is not None:
+                    ready, _ = ray.wait([r.where], timeout=0)
+                    if ready:
+                        with contextlib.suppress(Exception):
+                            r.node = ray.get(r.where)
+                        r.where = None
+                if r.take is None:
+                    r.take = r.host.take.remote()
+                budget = r.trial.budget.wall_seconds
+                if r.started is not None and now - r.started > budget:
+                    r.rec.result.status = M.TIMEOUT
+                    r.rec.result.reason = f"wall-clock budget of {budget:g} s exceeded"
+                    finish(r)
+            takes = {r.take: r for r in running.values() if r.take is not None}
+            if takes:
+                ready, _ = ray.wait(list(takes), num_returns=1, timeout=TAKE_WAIT_S)
+                for ref in ready:
+                    r = takes[ref]
+                    r.take = None
+                    try:
+                        answer = ray.get(ref)
+                    except Exception as e:  # the host died: its node went away, or it was killed
+                        r.rec.ended(False, f"trial actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                        finish(r)
+                        continue
+                    r.peak_rss = max(r.peak_rss, float(answer["peak_rss"]))
+                    r.cpu_seconds = max(r.cpu_seconds, float(answer["cpu_seconds"]))
+                    r.usage_whole = bool(answer["whole"])
+                    if answer["group_free_cpus"] is not None:
+                        r.group_free_cpus = float(answer["group_free_cpus"])
+                    with deferred_signals():
+                        for msg in answer["messages"]:
+                            r.rec.handle(msg)
+                    if r.rec.done or r.rec.error is not None:
+                        r.rec.ended(True, "trial actor ended")
+                        finish(r)
+            else:
+                time.sleep(0.2)
+            beat()
+            with deferred_signals():
+                for r in running.values():
+                    r.rec.flush_if_due()
+    except KeyboardInterrupt as e:
+        stop = Interrupted.of(e)
+        with held_signals():  # every running trial goes, and is recorded KILLED, whatever else is asked
+            for r in list(running.values()):
+                r.rec.result.status, r.rec.result.reason = M.KILLED, f"interrupted ({stop.label})"
+                finish(r)
+        raise stop from None
+    finally:
+        for r in list(running.values()):  # an error in the launcher itself: nothing of the sweep is left behind
+            stop_host(r)
+
+
+def _overlap(a: _Running, b: _Running) -> bool:
+    a0, b0 = a.started or 0.0, b.started or 0.0
+    a1, b1 = a.ended or float("inf"), b.ended or float("inf")
+    return a0 < b1 and b0 < a1
