@@ -200,7 +200,7 @@ class _Usage(UsageMeter):
 
 
 @dataclass
-class _Running:
+class RunningTrial:
     """A trial the launcher started: its placement group, then its host, and what it reported so far."""
 
     trial: Trial
@@ -284,154 +284,203 @@ def run_fanned_out(
     """Run ``trials`` (each already bound to the cluster's address) up to ``parallel`` at once; append each
     result to ``results`` as it ends. A stop (KeyboardInterrupt) kills every running trial, records it KILLED,
     and is raised again as :class:`Interrupted`."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    host_cls = ray.remote(TrialHost)
+    sweep = Sweep(
+        store=store, parent_id=parent_id, spec=spec, placement=placement, results=results, progress=progress,
+        log_dir=log_dir, attempts=attempts, carried=carried or {}, total=len(trials),
+    )  # fmt: skip
     waiting = deque(trials)
-    running: dict[str, _Running] = {}
-    history: list[_Running] = []  # every trial placed so far, for who shared a node with whom
-    total = len(trials)
+    index = 0
+    try:
+        while waiting or sweep.running:
+            while waiting and len(sweep.running) < parallel:
+                sweep.start(waiting.popleft(), index)
+                index += 1
+            sweep.advance()
+            if not sweep.collect():
+                time.sleep(0.2)
+            beat()
+            sweep.flush()
+    except KeyboardInterrupt as e:
+        stop = Interrupted.of(e)
+        sweep.kill_all(f"interrupted ({stop.label})")
+        raise stop from None
+    finally:
+        sweep.release()  # an error in the launcher itself: nothing of the sweep is left behind
 
-    def start(trial: Trial, index: int) -> None:
+
+class Sweep:
+    """The launcher's side of a fanned-out sweep: each trial's placement group, then its host actor on the group's
+    node, then the messages it takes from the host, until the trial ends and is recorded."""
+
+    def __init__(
+        self, *, store: ResultsStore, parent_id: str, spec: ScenarioSpec, placement: str, results: list[TrialResult],
+        progress: Progress, log_dir: Path, attempts: dict[str, list[str]], carried: dict[str, Carried], total: int,
+    ) -> None:  # fmt: skip
+        import ray
+
+        self.store, self.parent_id, self.spec, self.placement = store, parent_id, spec, placement
+        self.results, self.progress, self.log_dir = results, progress, log_dir
+        self.attempts, self.carried, self.total = attempts, carried, total
+        self.host_cls = ray.remote(TrialHost)
+        self.running: dict[str, RunningTrial] = {}
+        self.history: list[RunningTrial] = []  # every trial placed so far, for who shared a node with whom
+
+    def start(self, trial: Trial, index: int) -> None:
+        """Opens the trial's run and asks the cluster for its placement group."""
+        from ray.util.placement_group import placement_group
+
         with deferred_signals():
-            run_id = open_trial(store, parent_id, trial, spec=spec, attempts=attempts)
-        group = placement_group(bundles(trial), strategy=PLACEMENTS[placement], name=f"crossrl-{run_id}")
-        rec = TrialRecorder(trial, store=store, run_id=run_id, progress=progress)
-        if carried and trial.name in carried:
-            rec.carry_over(carried[trial.name])
-        running[trial.name] = _Running(trial, rec, group, group.ready(), queued_at=time.perf_counter())
-        progress("trial_start", {"trial": trial, "index": index, "total": total})
+            run_id = open_trial(self.store, self.parent_id, trial, spec=self.spec, attempts=self.attempts)
+        group = placement_group(bundles(trial), strategy=PLACEMENTS[self.placement], name=f"crossrl-{run_id}")
+        rec = TrialRecorder(trial, store=self.store, run_id=run_id, progress=self.progress)
+        if trial.name in self.carried:
+            rec.carry_over(self.carried[trial.name])
+        self.running[trial.name] = RunningTrial(trial, rec, group, group.ready(), queued_at=time.perf_counter())
+        self.progress("trial_start", {"trial": trial, "index": index, "total": self.total})
 
-    def place(r: _Running) -> None:
+    def place(self, r: RunningTrial) -> None:
+        """Starts the trial's host actor in its (ready) placement group."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         strategy = PlacementGroupSchedulingStrategy(
             r.group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
         )
         r.watch_dir = os.path.join(tempfile.gettempdir(), f"crossrl-watch-{r.trial.name}-{uuid.uuid4().hex[:8]}")
         env_vars = {**HOST_ENV, WATCH_DIR_ENV: r.watch_dir}
-        r.host = host_cls.options(  # type: ignore[attr-defined]
+        r.host = self.host_cls.options(  # type: ignore[attr-defined]
             num_cpus=1, scheduling_strategy=strategy, runtime_env={"env_vars": env_vars}
         ).remote(r.trial.model_dump_json())
         r.where = r.host.where.remote()
         r.started = time.perf_counter()
-        history.append(r)
+        self.history.append(r)
 
-    def stop_host(r: _Running) -> None:
+    def advance(self) -> None:
+        """One look at every running trial: place it once its group is ready, learn its node, ask its host for what
+        it has, end it at its wall-clock budget."""
+        import ray
+
+        now = time.perf_counter()
+        for r in list(self.running.values()):
+            if r.host is None:
+                ready, _ = ray.wait([r.group_ready], timeout=0)
+                if ready:
+                    self.place(r)
+                continue
+            if r.where is not None:
+                ready, _ = ray.wait([r.where], timeout=0)
+                if ready:
+                    with contextlib.suppress(Exception):
+                        r.node = ray.get(r.where)
+                    r.where = None
+            if r.take is None:
+                r.take = r.host.take.remote()
+            budget = r.trial.budget.wall_seconds
+            if r.started is not None and now - r.started > budget:
+                r.rec.result.status = M.TIMEOUT
+                r.rec.result.reason = f"wall-clock budget of {budget:g} s exceeded"
+                self.finish(r)
+
+    def collect(self) -> bool:
+        """Waits up to TAKE_WAIT_S for a host's answer and hands its messages to the trial's recorder; a trial that
+        ended (or whose host died) is recorded. False when no host was asked anything."""
+        import ray
+
+        takes = {r.take: r for r in self.running.values() if r.take is not None}
+        if not takes:
+            return False
+        ready, _ = ray.wait(list(takes), num_returns=1, timeout=TAKE_WAIT_S)
+        for ref in ready:
+            r = takes[ref]
+            r.take = None
+            try:
+                answer = ray.get(ref)
+            except Exception as e:  # the host died: its node went away, or it was killed
+                r.rec.ended(False, f"trial actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+                self.finish(r)
+                continue
+            r.peak_rss = max(r.peak_rss, float(answer["peak_rss"]))
+            r.cpu_seconds = max(r.cpu_seconds, float(answer["cpu_seconds"]))
+            r.usage_whole = bool(answer["whole"])
+            if answer["group_free_cpus"] is not None:
+                r.group_free_cpus = float(answer["group_free_cpus"])
+            with deferred_signals():
+                for msg in answer["messages"]:
+                    r.rec.handle(msg)
+            if r.rec.done or r.rec.error is not None:
+                r.rec.ended(True, "trial actor ended")
+                self.finish(r)
+        return True
+
+    def flush(self) -> None:
+        with deferred_signals():
+            for r in self.running.values():
+                r.rec.flush_if_due()
+
+    def stop_host(self, r: RunningTrial) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
         if r.host is not None:
             with contextlib.suppress(Exception):
                 ray.kill(r.host)
         with contextlib.suppress(Exception):
             remove_placement_group(r.group)
 
-    def finish(r: _Running) -> None:
+    def finish(self, r: RunningTrial) -> None:
         """Record the trial's end (its status already set) and free its group."""
+        import ray
+
         r.ended = time.perf_counter()
         log_path: Path | None = None
         if r.host is not None:
             with contextlib.suppress(Exception):
-                log_path = log_dir / f"{r.trial.name}.log"
+                log_path = self.log_dir / f"{r.trial.name}.log"
                 log_path.write_bytes(ray.get(r.host.log.remote(), timeout=30))
-        stop_host(r)
+        self.stop_host(r)
         if r.watch_dir:  # the host's node's folder: removed here when the launcher shares that node
             shutil.rmtree(r.watch_dir, ignore_errors=True)
-        shared = sorted(
-            o.trial.name
-            for o in history
-            if o is not r and o.node.get("id") and o.node.get("id") == r.node.get("id") and _overlap(o, r)
-        )
         with held_signals():
             if r.node:
-                store.set_tags(
-                    r.rec.run_id,
-                    {
-                        "node.id": r.node["id"],
-                        "node.host": r.node["host"],
-                        "node.shared_with": ",".join(shared),
-                        "node.shared": str(bool(shared)).lower(),
-                        "placement": placement,
-                        "usage.scope": "trial" if r.usage_whole else "driver (Ray's state API unavailable)",
-                        **({} if r.group_free_cpus is None else {"placement.free_cpus": f"{r.group_free_cpus:g}"}),
-                    },
-                    what="placement tags",
-                )
+                self.store.set_tags(r.rec.run_id, self.placement_tags(r), what="placement tags")
             r.rec.record_end(
                 wall_s=(r.ended - (r.started or r.queued_at)),
                 peak_rss=r.peak_rss,
                 cpu_seconds=r.cpu_seconds,
                 log_path=log_path if log_path is not None and log_path.exists() else None,
             )
-        results.append(r.rec.result)
-        del running[r.trial.name]
+        self.results.append(r.rec.result)
+        del self.running[r.trial.name]
 
-    index = 0
-    try:
-        while waiting or running:
-            while waiting and len(running) < parallel:
-                start(waiting.popleft(), index)
-                index += 1
-            now = time.perf_counter()
-            for r in list(running.values()):
-                if r.host is None:
-                    ready, _ = ray.wait([r.group_ready], timeout=0)
-                    if ready:
-                        place(r)
-                    continue
-                if r.where is not None:
-                    ready, _ = ray.wait([r.where], timeout=0)
-                    if ready:
-                        with contextlib.suppress(Exception):
-                            r.node = ray.get(r.where)
-                        r.where = None
-                if r.take is None:
-                    r.take = r.host.take.remote()
-                budget = r.trial.budget.wall_seconds
-                if r.started is not None and now - r.started > budget:
-                    r.rec.result.status = M.TIMEOUT
-                    r.rec.result.reason = f"wall-clock budget of {budget:g} s exceeded"
-                    finish(r)
-            takes = {r.take: r for r in running.values() if r.take is not None}
-            if takes:
-                ready, _ = ray.wait(list(takes), num_returns=1, timeout=TAKE_WAIT_S)
-                for ref in ready:
-                    r = takes[ref]
-                    r.take = None
-                    try:
-                        answer = ray.get(ref)
-                    except Exception as e:  # the host died: its node went away, or it was killed
-                        r.rec.ended(False, f"trial actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-                        finish(r)
-                        continue
-                    r.peak_rss = max(r.peak_rss, float(answer["peak_rss"]))
-                    r.cpu_seconds = max(r.cpu_seconds, float(answer["cpu_seconds"]))
-                    r.usage_whole = bool(answer["whole"])
-                    if answer["group_free_cpus"] is not None:
-                        r.group_free_cpus = float(answer["group_free_cpus"])
-                    with deferred_signals():
-                        for msg in answer["messages"]:
-                            r.rec.handle(msg)
-                    if r.rec.done or r.rec.error is not None:
-                        r.rec.ended(True, "trial actor ended")
-                        finish(r)
-            else:
-                time.sleep(0.2)
-            beat()
-            with deferred_signals():
-                for r in running.values():
-                    r.rec.flush_if_due()
-    except KeyboardInterrupt as e:
-        stop = Interrupted.of(e)
-        with held_signals():  # every running trial goes, and is recorded KILLED, whatever else is asked
-            for r in list(running.values()):
-                r.rec.result.status, r.rec.result.reason = M.KILLED, f"interrupted ({stop.label})"
-                finish(r)
-        raise stop from None
-    finally:
-        for r in list(running.values()):  # an error in the launcher itself: nothing of the sweep is left behind
-            stop_host(r)
+    def placement_tags(self, r: RunningTrial) -> dict[str, str]:
+        """Where the trial ran, and with which other trials it shared that node while it ran."""
+        shared = sorted(
+            o.trial.name
+            for o in self.history
+            if o is not r and o.node.get("id") and o.node.get("id") == r.node.get("id") and _overlap(o, r)
+        )
+        return {
+            "node.id": r.node["id"],
+            "node.host": r.node["host"],
+            "node.shared_with": ",".join(shared),
+            "node.shared": str(bool(shared)).lower(),
+            "placement": self.placement,
+            "usage.scope": "trial" if r.usage_whole else "driver (Ray's state API unavailable)",
+            **({} if r.group_free_cpus is None else {"placement.free_cpus": f"{r.group_free_cpus:g}"}),
+        }
+
+    def kill_all(self, reason: str) -> None:
+        """Every running trial goes, and is recorded KILLED with ``reason``, whatever else is asked meanwhile."""
+        with held_signals():
+            for r in list(self.running.values()):
+                r.rec.result.status, r.rec.result.reason = M.KILLED, reason
+                self.finish(r)
+
+    def release(self) -> None:
+        for r in list(self.running.values()):
+            self.stop_host(r)
 
 
-def _overlap(a: _Running, b: _Running) -> bool:
+def _overlap(a: RunningTrial, b: RunningTrial) -> bool:
     a0, b0 = a.started or 0.0, b.started or 0.0
     a1, b1 = a.ended or float("inf"), b.ended or float("inf")
     return a0 < b1 and b0 < a1

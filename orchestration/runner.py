@@ -20,7 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from crossrl.orchestration.procs import UsageMeter, kill_procs, process_tree
 from crossrl.orchestration.signals import Interrupted, deferred_signals, deliver, held_signals
 from crossrl.orchestration.trials import Carried, Progress, TrialRecorder, TrialResult, open_trial
 from crossrl.orchestration.watch import TrialWatch
-from crossrl.reports.journal import JournalError
+from crossrl.reports.journal import Journal, JournalError
 from crossrl.reports.store import HEARTBEAT_S, ResultsStore, StoreError
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import SpecError
@@ -260,6 +260,51 @@ def run_scenario(
     (`crossrl tune`'s test-seed runs are "tuned"; ``resume`` then takes up a run of that kind); ``tags`` go on the parent
     run as it starts (`crossrl tune` finds its test-seed runs by them, a run killed part-way included).
     """
+    trials, bad = plan_trials(
+        spec, ray_address=ray_address, skip_unsupported=skip_unsupported, parallel=parallel, placement=placement
+    )
+    notify = progress or (lambda _event, _payload: None)
+    start = _starting_point(store, spec, trials, resume=resume, kind=kind, notify=notify)
+    journal = store.start_journal(warn=lambda msg: notify("store_warning", {"message": msg}))
+    try:
+        parent_id = _open_parent(store, spec, start, spec_path=spec_path, command=command, kind=kind, tags=tags)
+        outcome = RunOutcome(parent_id=parent_id, experiment_id=None, results=list(start.kept), journal=journal.path)
+        _run_trials(
+            store,
+            spec,
+            start.trials,
+            outcome,
+            bad=bad,
+            attempts=start.attempts,
+            notify=notify,
+            fresh=resume is None,
+            fan_out=(parallel, placement) if parallel > 1 else None,
+            carried=start.carried,
+        )
+    except JournalError:
+        store.end_journal(wait_s=min(store_wait_s, 10.0))  # what the journal holds goes on to the store
+        raise
+    except BaseException:
+        store.end_journal(wait_s=0.0)  # stopped before the parent run opened; the journal keeps what it holds
+        raise
+    finally:
+        if parallel > 1:
+            disconnect()  # leaves the cluster (a local one started for the sweep stops)
+    _close_journal(store, outcome, journal, wait_s=store_wait_s)
+    outcome.parent_id = store.resolve(outcome.parent_id)
+    for r in outcome.results:
+        r.run_id = store.resolve(r.run_id)
+    if not outcome.unsent:
+        with contextlib.suppress(Exception):
+            outcome.experiment_id = store.experiment_id(spec.name, create=False)
+    return outcome
+
+
+def plan_trials(
+    spec: ScenarioSpec, *, ray_address: str | None, skip_unsupported: bool, parallel: int, placement: str
+) -> tuple[list[Trial], dict[str, str]]:
+    """The run's trials (bound to the launcher's cluster when fanned out) and the unsupported ones' reasons (name ->
+    why); ``SpecError`` when one is unsupported and not to be skipped, or when a fanned-out trial cannot fit."""
     if parallel < 1:
         raise SpecError([f"--parallel must be at least 1, got {parallel}"])
     trials = spec.trials(ray_address=ray_address)
@@ -272,63 +317,67 @@ def run_scenario(
             raise SpecError([f"--placement must be one of {', '.join(fanout.PLACEMENTS)}, got {placement!r}"])
         trials = spec.trials(ray_address=fanout.connect_launcher(ray_address))  # the trials join the launcher's cluster
         fanout.check_fits(trials, placement=placement)
-    bad = {t.name: reason for t, reason in unsupported(trials)}
-    notify = progress or (lambda _event, _payload: None)
-    kept: list[TrialResult] = []  # a resumed run's trials that need no new attempt, read back
-    attempts: dict[str, list[str]] = {}  # trial name -> run ids of a resumed run's unfinished attempts
-    resumed_id = ""
-    carried: dict[str, Carried] = {}
-    if resume is not None:
-        resumed_id, kept, attempts, root = _resume_point(store, spec, resume, trials, kind=kind)
-        trials = [t for t in trials if t.name not in {r.trial.name for r in kept}]
-        checkpoint_root = Path(root) if root else new_checkpoint_root(store, spec)
-        carried = checkpoints_to_resume(store, trials, attempts, checkpoint_root, notify)
+    return trials, {t.name: reason for t, reason in unsupported(trials)}
+
+
+@dataclass
+class StartingPoint:
+    """Where a run starts: the trials to run (each bound to its checkpoint folder, and to the checkpoint it resumes
+    from), and for a resumed run its parent, the trials it keeps and the earlier attempts of the others."""
+
+    trials: list[Trial]
+    checkpoint_root: Path
+    resumed_id: str = ""  # the parent run taken up ("" for a new run)
+    root_tagged: bool = True  # the parent run already names its checkpoint folder
+    kept: list[TrialResult] = field(default_factory=list)  # a resumed run's trials that ended, read back
+    attempts: dict[str, list[str]] = field(default_factory=dict)  # trial -> its unfinished attempts' run ids
+    carried: dict[str, Carried] = field(default_factory=dict)  # trial -> the checkpoint it continues from
+
+
+def _starting_point(
+    store: ResultsStore, spec: ScenarioSpec, trials: list[Trial], *, resume: str | None, kind: str, notify: Progress
+) -> StartingPoint:
+    if resume is None:
+        start = StartingPoint(trials=trials, checkpoint_root=new_checkpoint_root(store, spec))
     else:
-        checkpoint_root = new_checkpoint_root(store, spec)
-    trials = [
+        resumed_id, kept, attempts, root = _resume_point(store, spec, resume, trials, kind=kind)
+        left = [t for t in trials if t.name not in {r.trial.name for r in kept}]
+        checkpoint_root = Path(root) if root else new_checkpoint_root(store, spec)
+        carried = checkpoints_to_resume(store, left, attempts, checkpoint_root, notify)
+        start = StartingPoint(left, checkpoint_root, resumed_id, bool(root), kept, attempts, carried)
+    start.trials = [
         t.model_copy(
             update={
-                "checkpoint_dir": str(checkpoint_root / t.name),
-                "resume_from": str(carried[t.name].folder) if t.name in carried else None,
+                "checkpoint_dir": str(start.checkpoint_root / t.name),
+                "resume_from": str(start.carried[t.name].folder) if t.name in start.carried else None,
             }
         )
-        for t in trials
+        for t in start.trials
     ]
-    journal = store.start_journal(warn=lambda msg: notify("store_warning", {"message": msg}))
-    try:
-        if resume is None:
-            parent_id = store.start_parent(spec, spec_path=spec_path, command=command, kind=kind)
-            store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(checkpoint_root), **(tags or {})}, what="run tags")
-        else:
-            parent_id = resumed_id
-            store.reopen_parent(parent_id)
-            if not root:
-                store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(checkpoint_root)}, what="checkpoint folder")
-        outcome = RunOutcome(parent_id=parent_id, experiment_id=None, results=list(kept), journal=journal.path)
-        _run_trials(
-            store,
-            spec,
-            trials,
-            outcome,
-            bad=bad,
-            attempts=attempts,
-            notify=notify,
-            fresh=resume is None,
-            fan_out=(parallel, placement) if parallel > 1 else None,
-            carried=carried,
-        )
-    except JournalError:
-        store.end_journal(wait_s=min(store_wait_s, 10.0))  # what the journal holds goes on to the store
-        raise
-    except BaseException:
-        store.end_journal(wait_s=0.0)  # stopped before the parent run opened; the journal keeps what it holds
-        raise
-    finally:
-        if parallel > 1:
-            disconnect()  # leaves the cluster (a local one started for the sweep stops)
+    return start
+
+
+def _open_parent(
+    store: ResultsStore, spec: ScenarioSpec, start: StartingPoint, *, spec_path: Path | None, command: str, kind: str,
+    tags: Mapping[str, str] | None,
+) -> str:  # fmt: skip
+    """The run's parent run: a new one, or the resumed one reopened; tagged with its checkpoint folder."""
+    if not start.resumed_id:
+        parent_id = store.start_parent(spec, spec_path=spec_path, command=command, kind=kind)
+        store.set_tags(parent_id, {CHECKPOINT_ROOT_TAG: str(start.checkpoint_root), **(tags or {})}, what="run tags")
+        return parent_id
+    store.reopen_parent(start.resumed_id)
+    if not start.root_tagged:
+        store.set_tags(start.resumed_id, {CHECKPOINT_ROOT_TAG: str(start.checkpoint_root)}, what="checkpoint folder")
+    return start.resumed_id
+
+
+def _close_journal(store: ResultsStore, outcome: RunOutcome, journal: Journal, *, wait_s: float) -> None:
+    """Waits up to ``wait_s`` for the store to have every write; what it has not is counted in ``outcome.unsent``
+    (with the store's last error). A stop while waiting leaves the rest in the journal and marks the run stopped."""
     sender = store.sender
     try:
-        outcome.unsent = store.end_journal(wait_s=store_wait_s)
+        outcome.unsent = store.end_journal(wait_s=wait_s)
     except KeyboardInterrupt as e:  # stopped while waiting for the store: what is left stays in the journal
         assert sender is not None
         sender.close(0.0)
@@ -337,13 +386,6 @@ def run_scenario(
             outcome.interrupted, outcome.stop_signal = True, Interrupted.of(e).signum
     if outcome.unsent and sender is not None:
         outcome.store_error = sender.last_error
-    outcome.parent_id = store.resolve(outcome.parent_id)
-    for r in outcome.results:
-        r.run_id = store.resolve(r.run_id)
-    if not outcome.unsent:
-        with contextlib.suppress(Exception):
-            outcome.experiment_id = store.experiment_id(spec.name, create=False)
-    return outcome
 
 
 def _run_trials(

@@ -666,6 +666,108 @@ def search_engine(
     )
 
 
+def scheduler_for(search: SearchSpec) -> Any:
+    """Ray Tune's scheduler for the spec's ``search.scheduler`` (None: a random search, every configuration whole)."""
+    from ray.tune.schedulers import AsyncHyperBandScheduler, PopulationBasedTraining
+
+    if search.scheduler == "asha":
+        return AsyncHyperBandScheduler(
+            time_attr=STEPS_KEY,
+            metric=SCORE_KEY,
+            mode="max",
+            max_t=search.env_steps,
+            grace_period=min(search.grace_env_steps, search.env_steps),
+            reduction_factor=search.asha.reduction_factor,
+            brackets=1,
+            stop_last_trials=False,  # a trial ends itself at its budget, after its final point and checkpoint
+        )
+    if search.scheduler == "pbt":
+        return PopulationBasedTraining(
+            time_attr=STEPS_KEY,
+            metric=SCORE_KEY,
+            mode="max",
+            perturbation_interval=search.interval_env_steps,
+            hyperparam_mutations={name: _domain(dist) for name, dist in search.space.items()},
+            quantile_fraction=search.pbt.quantile,
+            resample_probability=search.pbt.resample_probability,
+            perturbation_factors=search.pbt.factors,
+            synch=True,
+            require_attrs=False,  # the env step comes with checkpoints only (see _trainable)
+            log_config=False,  # the lineage is in the store
+        )
+    return None
+
+
+def _tuner(
+    spec: ScenarioSpec, engine: str, trials: list[Trial], indices: list[int], *, store: ResultsStore, parallel: int,
+    recorder: Recorder,
+) -> Any:  # fmt: skip
+    """The Tune run of configurations ``indices``: each a trial of ``trials`` (its values drawn from the search's one
+    sample, so every engine gets the same), in a placement group of the trial's own bundles, reported to
+    ``recorder``."""
+    search = spec.search
+    assert search is not None
+    configs = search.sample()
+    param_space: dict[str, Any] = {CONFIG_KEY: tune.grid_search(indices)}
+    for name in search.space:
+        param_space[name] = tune.sample_from(functools.partial(_drawn, configs, name))
+    resources = tune.PlacementGroupFactory([{}, *fanout.bundles(trials[0])], strategy="STRICT_PACK")
+    names = {i: t.name for i, t in enumerate(trials)}
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return tune.Tuner(
+        tune.with_resources(
+            tune.with_parameters(
+                _trainable,
+                trials={t.name: t.model_dump_json() for t in trials},
+                bounds=bounds_of(search),
+                pbt_interval=search.interval_env_steps if search.scheduler == "pbt" else 0,
+            ),
+            resources,
+        ),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            scheduler=scheduler_for(search),
+            # PBT's synchronous step needs the whole population in Tune (pending ones included): its members run as
+            # the cluster's CPUs allow
+            max_concurrent_trials=None if search.scheduler == "pbt" else parallel,
+            trial_name_creator=lambda t: names[int(t.config[CONFIG_KEY])],
+            trial_dirname_creator=lambda t: names[int(t.config[CONFIG_KEY])],
+            reuse_actors=False,
+        ),
+        run_config=tune.RunConfig(
+            name=f"{spec.name}-{engine}-{stamp}",
+            storage_path=str(store.results_dir / "tune"),
+            callbacks=[recorder],
+            verbose=0,
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
+
+
+def _record_search_end(
+    store: ResultsStore, parent_id: str, out: EngineSearch, recorder: Recorder, search: SearchSpec, *, status: str,
+    reason: str,
+) -> None:  # fmt: skip
+    """The search's ending on its parent run: its best configuration, cost and lineage, and its status."""
+    recorder.unended(reason or "the search stopped before this trial ended")
+    out.best = best_of(out.results, search)
+    counts: dict[str, int] = {}
+    for r in out.results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    with held_signals():
+        tags = {"search.wall_s": f"{out.wall_s:.1f}", "search.env_steps_total": str(out.env_steps)}
+        if out.setup_s is not None:  # from a trial's start to its first env step: what each trial costs first
+            tags["search.setup_s_median"] = f"{out.setup_s:.1f}"
+        if out.best is not None:  # its run id once the store has it: run_tune
+            tags["search.best_config"] = json.dumps(
+                {k: out.best.trial.hyperparams[k] for k in search.space}, sort_keys=True
+            )
+        store.set_tags(parent_id, tags, what="search tags")
+        if recorder.lineage:
+            store.log_text(parent_id, json.dumps(recorder.lineage, indent=2), LINEAGE_ARTIFACT)
+        store.finish_parent(parent_id, status=status, counts=counts, reason=reason)
+
+
 def _run_search(
     spec: ScenarioSpec,
     engine: str,
@@ -682,41 +784,8 @@ def _run_search(
 ) -> EngineSearch:
     """The configurations ``indices`` of ``trials`` on Ray Tune, recorded under ``parent_id`` into ``out``; then the
     search's ending (best configuration, cost, lineage) on its parent run."""
-    from ray.tune.schedulers import AsyncHyperBandScheduler, PopulationBasedTraining, TrialScheduler
-
     search = spec.search
     assert search is not None
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    configs = search.sample()
-    param_space: dict[str, Any] = {CONFIG_KEY: tune.grid_search(indices)}
-    for name in search.space:
-        param_space[name] = tune.sample_from(functools.partial(_drawn, configs, name))
-    scheduler: TrialScheduler | None = None
-    if search.scheduler == "asha":
-        scheduler = AsyncHyperBandScheduler(
-            time_attr=STEPS_KEY,
-            metric=SCORE_KEY,
-            mode="max",
-            max_t=search.env_steps,
-            grace_period=min(search.grace_env_steps, search.env_steps),
-            reduction_factor=search.asha.reduction_factor,
-            brackets=1,
-            stop_last_trials=False,  # a trial ends itself at its budget, after its final point and checkpoint
-        )
-    elif search.scheduler == "pbt":
-        scheduler = PopulationBasedTraining(
-            time_attr=STEPS_KEY,
-            metric=SCORE_KEY,
-            mode="max",
-            perturbation_interval=search.interval_env_steps,
-            hyperparam_mutations={name: _domain(dist) for name, dist in search.space.items()},
-            quantile_fraction=search.pbt.quantile,
-            resample_probability=search.pbt.resample_probability,
-            perturbation_factors=search.pbt.factors,
-            synch=True,
-            require_attrs=False,  # the env step comes with checkpoints only (see _trainable)
-            log_config=False,  # the lineage is in the store
-        )
     recorder = Recorder(
         store=store,
         parent_id=parent_id,
@@ -728,46 +797,13 @@ def _run_search(
         attempts=attempts,
         carried=carried,
     )
-    resources = tune.PlacementGroupFactory([{}, *fanout.bundles(trials[0])], strategy="STRICT_PACK")
-    names = {i: t.name for i, t in enumerate(trials)}
-
-    def tuner() -> Any:
-        return tune.Tuner(
-            tune.with_resources(
-                tune.with_parameters(
-                    _trainable,
-                    trials={t.name: t.model_dump_json() for t in trials},
-                    bounds=bounds_of(search),
-                    pbt_interval=search.interval_env_steps if search.scheduler == "pbt" else 0,
-                ),
-                resources,
-            ),
-            param_space=param_space,
-            tune_config=tune.TuneConfig(
-                scheduler=scheduler,
-                # PBT's synchronous step needs the whole population in Tune (pending ones included): its members run as
-                # the cluster's CPUs allow
-                max_concurrent_trials=None if search.scheduler == "pbt" else parallel,
-                trial_name_creator=lambda t: names[int(t.config[CONFIG_KEY])],
-                trial_dirname_creator=lambda t: names[int(t.config[CONFIG_KEY])],
-                reuse_actors=False,
-            ),
-            run_config=tune.RunConfig(
-                name=f"{spec.name}-{engine}-{stamp}",
-                storage_path=str(store.results_dir / "tune"),
-                callbacks=[recorder],
-                verbose=0,
-                failure_config=tune.FailureConfig(max_failures=0),
-            ),
-        )
-
     t0, started = time.perf_counter(), time.monotonic()
     status, reason = M.FINISHED, ""
     try:
         logging.getLogger("ray.tune").setLevel(logging.ERROR)  # the store has the results, not Tune's own files
         if indices:  # none left: a resumed search whose configurations had all ended
             with ctrl_c_as_interrupted():
-                tuner().fit()
+                _tuner(spec, engine, trials, indices, store=store, parallel=parallel, recorder=recorder).fit()
         stopped = stop_since(started)
         if stopped is not None:  # Tune's loop caught the stop and returned early: the search was stopped all the same
             raise Interrupted(stopped)
@@ -781,23 +817,7 @@ def _run_search(
         reason = out.error = f"Ray Tune stopped the search: {type(e).__name__}: {lines[-1][:300] if lines else ''}"
     finally:
         out.wall_s = time.perf_counter() - t0
-        recorder.unended(reason or "the search stopped before this trial ended")
-        out.best = best_of(out.results, search)
-        counts: dict[str, int] = {}
-        for r in out.results:
-            counts[r.status] = counts.get(r.status, 0) + 1
-        with held_signals():
-            tags = {"search.wall_s": f"{out.wall_s:.1f}", "search.env_steps_total": str(out.env_steps)}
-            if out.setup_s is not None:  # from a trial's start to its first env step: what each trial costs first
-                tags["search.setup_s_median"] = f"{out.setup_s:.1f}"
-            if out.best is not None:  # its run id once the store has it: run_tune
-                tags["search.best_config"] = json.dumps(
-                    {k: out.best.trial.hyperparams[k] for k in search.space}, sort_keys=True
-                )
-            store.set_tags(parent_id, tags, what="search tags")
-            if recorder.lineage:
-                store.log_text(parent_id, json.dumps(recorder.lineage, indent=2), LINEAGE_ARTIFACT)
-            store.finish_parent(parent_id, status=status, counts=counts, reason=reason)
+        _record_search_end(store, parent_id, out, recorder, search, status=status, reason=reason)
     return out
 
 

@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -379,6 +379,112 @@ class ABResult:
         return out
 
 
+class Sides:
+    """The two measurement processes (base and head) of each cell while they last, and its draws in them.
+
+    A draw gives both sides fresh env-stepping processes: redrawn in the live measurement processes when both can and
+    they have had fewer than ``draws_per_process`` draws, else in a fresh pair of measurement processes."""
+
+    def __init__(self, requests: Mapping[str, dict[str, Any]], envs: Mapping[str, dict[str, str]], *,
+                 draws_per_process: int) -> None:  # fmt: skip
+        self.requests, self.envs, self.draws_per_process = requests, envs, draws_per_process
+        self.alive: dict[str, dict[str, Server]] = {}  # per cell: its two measurement processes
+        self.live: dict[str, dict[str, Any]] = {}  # per cell: iteration_s, can_redraw, draws in these processes
+
+    def close(self, key: str) -> None:
+        for srv in self.alive.pop(key, {}).values():
+            srv.close()
+
+    def close_all(self) -> None:
+        for key in list(self.alive):
+            self.close(key)
+
+    def new_draw(self, cell: Cell, base_path: Path, workdir: Path) -> str:
+        """Fresh env-stepping processes on both sides of ``cell``; says how they came."""
+        state = self.live.get(cell.key)
+        if state is not None and state["can_redraw"] and state["draws"] < self.draws_per_process:
+            servers = self.alive[cell.key]
+            t0 = time.monotonic()
+            for side in ("base", "head"):
+                servers[side].ask_redraw()
+            for side in ("base", "head"):
+                servers[side].redrawn()
+            state["draws"] += 1
+            return f"redrawn in {time.monotonic() - t0:.1f} s"
+        self.close(cell.key)
+        env = {"base": {**self.envs["base"], "PYTHONPATH": str(base_path)}, "head": self.envs["head"]}
+        t0 = time.monotonic()
+        servers = self.alive[cell.key] = {}
+        for side in ("base", "head"):
+            module = child_module(base_path if side == "base" else None)
+            servers[side] = Server(self.requests[cell.key], env=env[side], workdir=workdir, name=side, module=module)
+        ready = {side: servers[side].ready() for side in ("base", "head")}
+        self.live[cell.key] = {
+            "iteration_s": statistics.fmean(float(r["iteration_s"]) for r in ready.values()),
+            "can_redraw": all(r.get("can_redraw") for r in ready.values()),  # a base from before redraws: no
+            "draws": 1,
+        }
+        cell.processes += 1
+        return f"fresh processes in {time.monotonic() - t0:.1f} s"
+
+
+def measure_pairs(
+    servers: Mapping[str, Server], cell: Cell, *, index: int, iteration_s: float, seconds: float, slice_s: float,
+    pairs: int,
+) -> None:  # fmt: skip
+    """``pairs`` pairs of ``cell`` in one draw: each alternates slices of the same iterations on both sides (A B B A A
+    B ..., the first side alternating from pair to pair) until each side has run about ``seconds``."""
+    k = max(1, round(slice_s / iteration_s))  # the same iterations per slice on both sides
+    rounds = max(1, round(seconds / (k * iteration_s)))
+    for _ in range(pairs):
+        order = ["base", "head"] if len(cell.pairs) % 2 == 0 else ["head", "base"]
+        first = order[0]
+        before = {side: servers[side].read() for side in order}
+        for _ in range(rounds):
+            for side in order:
+                servers[side].run(k)
+            order.reverse()  # A B B A A B ...: neither side always follows the other
+        after = {side: servers[side].read() for side in order}
+        got = {side: measurement(before[side], after[side], side) for side in order}
+        cell.pairs.append(Pair(base=got["base"], head=got["head"], first=first, draw=index, process=cell.processes - 1))
+
+
+def stop_reason(cells: Sequence[Cell], *, precision: float, min_pairs: int, max_seconds: float, elapsed_s: float,
+                slowest_draw_s: float) -> str | None:  # fmt: skip
+    """Why the gate stops after this draw (every CI narrow enough, or the next draw would pass the time limit), or
+    None to draw again."""
+    n = min(len(c.pairs) for c in cells)
+    if n >= min_pairs and all(c.half_width() <= precision for c in cells):
+        return f"every CI within +-{precision:.1%} after {n} pairs"
+    if elapsed_s + slowest_draw_s > max_seconds:
+        widest = max(c.half_width() for c in cells)
+        return f"time limit {max_seconds:.0f} s: {n} pairs, the widest CI +-{widest:.1%} (asked for +-{precision:.1%})"
+    return None
+
+
+def _check_settings(*, threshold: float, min_pairs: int, max_pairs: int, pairs_per_draw: int,
+                    draws_per_process: int) -> None:  # fmt: skip
+    if not 0 < threshold < 1:
+        raise ABError(f"--threshold {threshold:g} must lie between 0 and 1 (0.98: flag a 2 % slowdown)")
+    if min_pairs < 2 or max_pairs < min_pairs or pairs_per_draw < 1 or draws_per_process < 1:
+        raise ABError(
+            f"--min-pairs {min_pairs} must be >= 2 and at most --max-pairs {max_pairs}; --pairs-per-draw "
+            f"{pairs_per_draw} and --draws-per-process {draws_per_process} at least 1"
+        )
+
+
+def _base_commit(repo: Path, base_rev: str) -> str:
+    """``base_rev`` as a commit that can run from this environment (the same pinned requirements), or ABError."""
+    commit = resolve(repo, base_rev)
+    differ = requirement_differences(repo, commit)
+    if differ:
+        raise ABError(
+            f"base {base_rev} ({commit[:12]}) pins other requirements ({', '.join(differ)}): "
+            "it cannot run from this environment; compare commits with the same pinned set"
+        )
+    return commit
+
+
 def run_ab(
     base_rev: str,
     *,
@@ -408,31 +514,20 @@ def run_ab(
     both sides fresh env-stepping processes (evaluator actors, env runners), warmed up for ``warmup_s``:
     in the live measurement processes (``redraw``) or, every ``draws_per_process`` draws and whenever a
     side cannot redraw (a base from before redraws, an engine without them), in a fresh pair of
-    measurement processes. Pairs measured in one set of processes share part of their speed offset, and
-    a redraw costs about 4 s where fresh measurement processes cost about 9 s (docs/performance.md). Each
-    draw measures ``pairs_per_draw`` pairs; a pair alternates slices of about ``slice_s`` (the same number
-    of iterations on both sides), A B B A A B ..., until each side has run about ``seconds``. Draws repeat
-    until the stop rule (``precision``, ``min_pairs``, ``max_pairs``, ``max_seconds``: no draw is started
-    that would end past it, judged by the slowest so far). The CI resamples draws, then pairs inside them.
-    ``plant_slowdown`` (test-only, for the gate's power): the head's evaluators burn that fraction more CPU
-    per sample call (``crossrl.core.evaluator``).
+    measurement processes (:class:`Sides`). Pairs measured in one set of processes share part of their speed
+    offset, and a redraw costs about 4 s where fresh measurement processes cost about 9 s (docs/performance.md).
+    Each draw measures ``pairs_per_draw`` pairs (:func:`measure_pairs`); a pair alternates slices of about
+    ``slice_s`` (the same number of iterations on both sides), A B B A A B ..., until each side has run about
+    ``seconds``. Draws repeat until the stop rule (:func:`stop_reason`: ``precision``, ``min_pairs``,
+    ``max_pairs``, ``max_seconds``: no draw is started that would end past it, judged by the slowest so far). The
+    CI resamples draws, then pairs inside them. ``plant_slowdown`` (test-only, for the gate's power): the head's
+    evaluators burn that fraction more CPU per sample call (``crossrl.core.evaluator``).
     """
-    if not 0 < threshold < 1:
-        raise ABError(f"--threshold {threshold:g} must lie between 0 and 1 (0.98: flag a 2 % slowdown)")
-    if min_pairs < 2 or max_pairs < min_pairs or pairs_per_draw < 1 or draws_per_process < 1:
-        raise ABError(
-            f"--min-pairs {min_pairs} must be >= 2 and at most --max-pairs {max_pairs}; --pairs-per-draw "
-            f"{pairs_per_draw} and --draws-per-process {draws_per_process} at least 1"
-        )
+    _check_settings(threshold=threshold, min_pairs=min_pairs, max_pairs=max_pairs, pairs_per_draw=pairs_per_draw,
+                    draws_per_process=draws_per_process)  # fmt: skip
     t_start = time.monotonic()
     repo = repo or repo_root()
-    commit = resolve(repo, base_rev)
-    differ = requirement_differences(repo, commit)
-    if differ:
-        raise ABError(
-            f"base {base_rev} ({commit[:12]}) pins other requirements ({', '.join(differ)}): "
-            "it cannot run from this environment; compare commits with the same pinned set"
-        )
+    commit = _base_commit(repo, base_rev)
     head_commit = _git(repo, "rev-parse", "HEAD").strip()
     head_dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no").strip())
     cells = [Cell(e, w) for e in engines for w in workers]
@@ -440,8 +535,7 @@ def run_ab(
     envs = {"base": child_env(), "head": child_env()}
     if plant_slowdown:
         envs["head"][PLANTED_SLOWDOWN_ENV] = repr(plant_slowdown)
-
-    request_of = {
+    requests = {
         c.key: {
             "engine": c.engine, "env_spec": env_spec.model_dump(mode="json"), "workers": c.workers,
             "envs_per_worker": envs_per_worker, "model": model.model_dump(mode="json"),
@@ -450,92 +544,29 @@ def run_ab(
         }
         for c in cells
     }  # fmt: skip
-    alive: dict[str, dict[str, Server]] = {}  # per cell: its two measurement processes, while they last
-    live: dict[str, dict[str, Any]] = {}  # per cell: iteration_s, can_redraw, draws so far in these processes
-
-    def close(key: str) -> None:
-        for srv in alive.pop(key, {}).values():
-            srv.close()
-
-    def new_draw(cell: Cell, base_path: Path, workdir: Path) -> str:
-        """Fresh env-stepping processes on both sides: redrawn in the live measurement processes when both can
-        and they have not had ``draws_per_process`` draws yet, else in a fresh pair of processes."""
-        state = live.get(cell.key)
-        if state is not None and state["can_redraw"] and state["draws"] < draws_per_process:
-            servers = alive[cell.key]
-            t0 = time.monotonic()
-            for side in ("base", "head"):
-                servers[side].ask_redraw()
-            for side in ("base", "head"):
-                servers[side].redrawn()
-            state["draws"] += 1
-            return f"redrawn in {time.monotonic() - t0:.1f} s"
-        close(cell.key)
-        env = {"base": {**envs["base"], "PYTHONPATH": str(base_path)}, "head": envs["head"]}
-        t0 = time.monotonic()
-        servers = alive[cell.key] = {}
-        for side in ("base", "head"):
-            module = child_module(base_path if side == "base" else None)
-            servers[side] = Server(request_of[cell.key], env=env[side], workdir=workdir, name=side, module=module)
-        ready = {side: servers[side].ready() for side in ("base", "head")}
-        live[cell.key] = {
-            "iteration_s": statistics.fmean(float(r["iteration_s"]) for r in ready.values()),
-            "can_redraw": all(r.get("can_redraw") for r in ready.values()),  # a base from before redraws: no
-            "draws": 1,
-        }
-        cell.processes += 1
-        return f"fresh processes in {time.monotonic() - t0:.1f} s"
-
-    def draw(cell: Cell, index: int, base_path: Path, workdir: Path) -> None:
-        how = new_draw(cell, base_path, workdir)
-        servers, iteration_s = alive[cell.key], live[cell.key]["iteration_s"]
-        k = max(1, round(slice_s / iteration_s))  # the same iterations per slice on both sides
-        rounds = max(1, round(seconds / (k * iteration_s)))
-        for _ in range(pairs_per_draw):
-            order = ["base", "head"] if len(cell.pairs) % 2 == 0 else ["head", "base"]
-            first = order[0]
-            before = {side: servers[side].read() for side in order}
-            for _ in range(rounds):
-                for side in order:
-                    servers[side].run(k)
-                order.reverse()  # A B B A A B ...: neither side always follows the other
-            after = {side: servers[side].read() for side in order}
-            got = {side: measurement(before[side], after[side], side) for side in order}
-            pair = Pair(base=got["base"], head=got["head"], first=first, draw=index, process=cell.processes - 1)
-            cell.pairs.append(pair)
-        cell.draws += 1
-        cell.ratio, cell.wall_ratio = cell.paired("steps_per_cpu_s", rng), cell.paired("steps_per_s", rng)
-        if progress:
-            last = cell.pairs[-pairs_per_draw:]
-            progress(
-                f"draw {index + 1} {cell.key} ({how}): pair ratios "
-                + " ".join(f"{q.ratio:.3f}" for q in last)
-                + f"; so far {cell.ratio.ratio:.3f} [{cell.ratio.lo:.3f}, {cell.ratio.hi:.3f}] over {len(cell.pairs)}"
-            )
-
-    stop_reason = f"--max-pairs {max_pairs} reached"
+    sides = Sides(requests, envs, draws_per_process=draws_per_process)
+    reason = f"--max-pairs {max_pairs} reached"
     slowest = 0.0
     with checkout(repo, commit) as base_path, tempfile.TemporaryDirectory(prefix="crossrl-ab-") as tmp:
         try:
             for i in range(-(-max_pairs // pairs_per_draw)):
                 t_draw = time.monotonic()
                 for cell in cells:
-                    draw(cell, i, base_path, Path(tmp))
+                    how = sides.new_draw(cell, base_path, Path(tmp))
+                    measure_pairs(sides.alive[cell.key], cell, index=i, iteration_s=sides.live[cell.key]["iteration_s"],
+                                  seconds=seconds, slice_s=slice_s, pairs=pairs_per_draw)  # fmt: skip
+                    cell.draws += 1
+                    cell.ratio, cell.wall_ratio = cell.paired("steps_per_cpu_s", rng), cell.paired("steps_per_s", rng)
+                    if progress:
+                        progress(_draw_line(cell, i, how, pairs_per_draw))
                 slowest = max(slowest, time.monotonic() - t_draw)
-                n = min(len(c.pairs) for c in cells)
-                if n >= min_pairs and all(c.half_width() <= precision for c in cells):
-                    stop_reason = f"every CI within +-{precision:.1%} after {n} pairs"
-                    break
-                if time.monotonic() - t_start + slowest > max_seconds:
-                    widest = max(c.half_width() for c in cells)
-                    stop_reason = (
-                        f"time limit {max_seconds:.0f} s: {n} pairs, the widest CI +-{widest:.1%} "
-                        f"(asked for +-{precision:.1%})"
-                    )
+                stop = stop_reason(cells, precision=precision, min_pairs=min_pairs, max_seconds=max_seconds,
+                                   elapsed_s=time.monotonic() - t_start, slowest_draw_s=slowest)  # fmt: skip
+                if stop is not None:
+                    reason = stop
                     break
         finally:
-            for key in list(alive):
-                close(key)
+            sides.close_all()
     for c in cells:
         assert c.ratio is not None
         c.verdict = verdict(c.ratio, threshold)
@@ -558,8 +589,19 @@ def run_ab(
         env_id=env_spec.id,
         conditions=conditions,
         cells=cells,
-        stop_reason=stop_reason,
+        stop_reason=reason,
         elapsed_s=time.monotonic() - t_start,
+    )
+
+
+def _draw_line(cell: Cell, index: int, how: str, pairs_per_draw: int) -> str:
+    """The progress line of one draw: its pairs' ratios and the cell's estimate so far."""
+    assert cell.ratio is not None
+    last = cell.pairs[-pairs_per_draw:]
+    return (
+        f"draw {index + 1} {cell.key} ({how}): pair ratios "
+        + " ".join(f"{q.ratio:.3f}" for q in last)
+        + f"; so far {cell.ratio.ratio:.3f} [{cell.ratio.lo:.3f}, {cell.ratio.hi:.3f}] over {len(cell.pairs)}"
     )
 
 

@@ -15,11 +15,15 @@ from hypothesis import strategies as st
 
 from crossrl.measure.bench.ab import (
     ABError,
+    Cell,
+    Measurement,
+    Pair,
     checkout,
     child_module,
     repo_root,
     requirement_differences,
     resolve,
+    stop_reason,
     verdict,
 )
 from crossrl.reports.regress import IMPROVED, OK, REGRESSION
@@ -141,3 +145,20 @@ def test_a_base_from_before_the_measure_package_runs_its_own_measurement_module(
     (tmp_path / "crossrl" / "measure" / "bench").mkdir(parents=True)
     (tmp_path / "crossrl" / "measure" / "bench" / "_child.py").write_text("")
     assert child_module(tmp_path) == child_module(None) == "crossrl.measure.bench._child"
+
+
+def _cell_with(pairs: int, lo: float, hi: float) -> Cell:
+    m = Measurement(steps_per_s=1.0, steps_per_cpu_s=1.0, cpus=1.0)
+    cell = Cell("crossrl", 1, pairs=[Pair(base=m, head=m, first="base", draw=i, process=0) for i in range(pairs)])
+    cell.ratio = PairedRatio(ratio=1.0, lo=lo, hi=hi, pairs=pairs)
+    return cell
+
+
+def test_the_gate_stops_when_every_ci_is_narrow_enough_or_the_next_draw_would_pass_the_limit() -> None:
+    narrow, wide = _cell_with(24, 0.99, 1.01), _cell_with(24, 0.9, 1.1)
+    rule = {"precision": 0.015, "min_pairs": 24, "max_seconds": 100.0}
+    assert stop_reason([narrow], **rule, elapsed_s=10, slowest_draw_s=5) == "every CI within +-1.5% after 24 pairs"
+    assert stop_reason([narrow, wide], **rule, elapsed_s=10, slowest_draw_s=5) is None  # one CI still too wide
+    assert stop_reason([_cell_with(23, 0.99, 1.01)], **rule, elapsed_s=10, slowest_draw_s=5) is None  # too few pairs
+    late = stop_reason([narrow, wide], **rule, elapsed_s=96, slowest_draw_s=5)  # the next draw would end past 100 s
+    assert late is not None and late.startswith("time limit 100 s: 24 pairs, the widest CI +-10.0%")

@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from crossrl.adapters.registry import engine_ids
-from crossrl.orchestration.runner import run_scenario
+from crossrl.orchestration.runner import plan_trials, run_scenario
 from crossrl.orchestration.trials import summarize
 from crossrl.reports.store import ResultsStore
-from crossrl.scenarios.loader import validate
+from crossrl.scenarios.loader import SpecError, validate
 
 
 def fault_spec(seeds: list[int], *, wall: float = 60, steps: int = 1000, algorithm: str = "ppo") -> dict:
@@ -95,6 +95,18 @@ def test_skip_unsupported_records_skipped_with_reason(fault_engine: Path, result
     assert r.status == "SKIPPED" and "fault has no a2c" in r.reason
     loaded = store.load(scenario="fault-test")
     assert list(loaded.trials.status) == ["SKIPPED"]
+
+
+def test_the_plan_refuses_an_unsupported_trial_unless_it_is_skipped(fault_engine: Path) -> None:
+    """The run's first step, alone: its trials, and the unsupported ones named with why (nothing stored yet)."""
+    raw = fault_spec([0, 1], algorithm="a2c")
+    spec = validate(raw, label="x", engines=engine_ids())
+    with pytest.raises(SpecError, match="fault has no a2c"):
+        plan_trials(spec, ray_address=None, skip_unsupported=False, parallel=1, placement="node")
+    trials, bad = plan_trials(spec, ray_address=None, skip_unsupported=True, parallel=1, placement="node")
+    assert [t.name for t in trials] == sorted(bad) and all("fault has no a2c" in why for why in bad.values())
+    with pytest.raises(SpecError, match="--parallel must be at least 1, got 0"):
+        plan_trials(spec, ray_address=None, skip_unsupported=True, parallel=0, placement="node")
 
 
 def test_ctrl_c_kills_the_running_trial_and_keeps_finished_ones(fault_engine: Path, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from crossrl.orchestration.trials import TrialResult
-from crossrl.orchestration.tuning import _within, best_of, bounds_of, rank_key
+from crossrl.orchestration.tuning import _within, best_of, bounds_of, rank_key, scheduler_for
 from crossrl.scenarios.loader import SpecError, load_raw, validate
 from crossrl.scenarios.spec import Distribution, SearchSpec
 
@@ -159,3 +159,15 @@ def test_a_pbt_member_restarted_on_new_hosts_keeps_what_each_host_used() -> None
     member.usage = {"cpu_seconds": 10.0, "peak_rss": 600.0}
     recorder.record(member)
     assert Rec.ended["cpu_seconds"] == 60.0 and Rec.ended["peak_rss"] == 700.0
+
+
+def test_each_scheduler_is_ray_tunes_own_on_env_steps() -> None:
+    from ray.tune.schedulers import AsyncHyperBandScheduler, PopulationBasedTraining
+
+    assert scheduler_for(_spec(scheduler="random").search) is None
+    asha = scheduler_for(_spec(scheduler="asha", asha={"grace_env_steps": 5_000}).search)
+    assert isinstance(asha, AsyncHyperBandScheduler) and asha._time_attr == "env_steps"
+    assert asha._max_t == 20_000 and asha._brackets[0]._rungs[-1][0] == 5_000  # the first rung at the grace
+    pbt = scheduler_for(_spec(scheduler="pbt", pbt={"interval_env_steps": 4_000}).search)
+    assert isinstance(pbt, PopulationBasedTraining) and pbt._synch and pbt._perturbation_interval == 4_000
+    assert set(pbt._hyperparam_mutations) == set(SPACE)
