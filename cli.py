@@ -1459,6 +1459,9 @@ def main() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # MLflow's "View run" lines
     sys.argv[1:] = _optional_resume_value(sys.argv[1:])
+    from crossrl.scenarios.loader import user_import_path
+
+    user_import_path()  # a spec's 'module:Id' env finds the user's module here and in every process a run starts
     app()
 
 

@@ -22,6 +22,7 @@ from crossrl.adapters import checkpoints
 from crossrl.adapters.registry import engine_info
 from crossrl.orchestration.trials import CHECKPOINT_LATEST_TAG
 from crossrl.reports.store import ResultsStore, StoreError
+from crossrl.scenarios.loader import env_id_problem
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 EVAL_SEED_OFFSET = 1_000_003
@@ -122,6 +123,9 @@ def evaluate(
 
     if trial.env.multi_agent:
         raise EvaluateError(f"{trial.name}: evaluating a multi-agent env's policies is not supported yet")
+    problem = env_id_problem(trial.env.model_dump(), trial.name)  # the user's env module must import here too
+    if problem:
+        raise EvaluateError(problem)
     act = policy_loader(trial.engine)(trial, folder / checkpoints.ENGINE_DIR, greedy=greedy)
     result = Evaluation(trial, run_id, folder, int(meta["env_steps_sampled"]), greedy)
     env = make_env(trial.env.model_copy(update={"step_latency_ms": 0.0}))

@@ -5,11 +5,13 @@ from __future__ import annotations
 import codecs
 import datetime
 import math
+import os
 import re
 import reprlib
+import sys
 import types
 import typing
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, MutableMapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -353,18 +355,52 @@ def env_id_problem(env: Any, label: str) -> str | None:
             reason = f"; {hint}" if hint else f" ({first_line(e)})"
             return f"{label}: env.id: {_short(env_id)} is not a PettingZoo env module{reason}"
         return None
+    module = env_id.rpartition(":")[0]
     try:
         registered_spec(env_id)
+    except ImportError as e:  # the user's module of a 'module:Id' id (or something it imports) did not import
+        return (
+            f"{label}: env.id: {_short(env_id)}: module {module!r} did not import ({type(e).__name__}: "
+            f"{first_line(e)}); crossrl imports it from the current directory and the folders in {ENV_PATH_VAR}: run "
+            f"from the folder that holds it, or set {ENV_PATH_VAR}=/path/to/that/folder"
+            + (f" (or, for a registered gymnasium env: {hint})" if (hint := _gymnasium_hint(env_id)) else "")
+        )
     except Exception as e:  # gymnasium raises several error types (NameNotFound, VersionNotFound, ...)
         hint = _gymnasium_hint(env_id)
+        if module:  # the user's module imported: what it registered is not this id
+            return (
+                f"{label}: env.id: {_short(env_id)}: module {module!r} imported, but no env it registered is "
+                f"{env_id.rpartition(':')[2]!r} ({first_line(e)})" + (f"; {hint}" if hint else "")
+            )
         if hint:
             return f"{label}: env.id: {_short(env_id)} is not a registered gymnasium env; {hint}"
-        reason = f"{type(e).__name__}: {first_line(e)}" if isinstance(e, ImportError) else first_line(e)
         return (
-            f"{label}: env.id: {_short(env_id)} is not a registered gymnasium env ({reason}); give an id such as "
-            "CartPole-v1, or 'module:Id' to import a module first"
+            f"{label}: env.id: {_short(env_id)} is not a registered gymnasium env ({first_line(e)}); give an id such "
+            "as CartPole-v1, or 'module:Id' to import a module first"
         )
     return None
+
+
+ENV_PATH_VAR = "CROSSRL_ENV_PATH"
+"""Folders (``os.pathsep``-separated) to import a user's env modules from, beside the current directory."""
+
+
+def user_import_path(environ: MutableMapping[str, str] | None = None, cwd: str | None = None) -> list[str]:
+    """Puts the current directory and the folders in ``CROSSRL_ENV_PATH`` on this process's import path (after its
+    own entries, so an installed package is never shadowed here) and on ``PYTHONPATH`` for every process it starts
+    (trials, Ray workers, collectors' workers), so a spec's ``module:Id`` env id finds the user's module in each;
+    returns the folders added."""
+    env = os.environ if environ is None else environ
+    folders = [cwd or os.getcwd(), *filter(None, env.get(ENV_PATH_VAR, "").split(os.pathsep))]
+    added = []
+    for folder in dict.fromkeys(os.path.abspath(f) for f in folders):
+        if folder not in sys.path:
+            sys.path.append(folder)
+        python_path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if folder not in python_path:
+            env["PYTHONPATH"] = os.pathsep.join([*python_path, folder])
+            added.append(folder)
+    return added
 
 
 def _gymnasium_hint(env_id: str) -> str | None:
