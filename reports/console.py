@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -14,12 +15,21 @@ from crossrl.scenarios.spec import ScenarioSpec
 _STYLE = {M.FINISHED: "green", M.FAILED: "red", M.TIMEOUT: "yellow", M.KILLED: "magenta", M.SKIPPED: "dim"}
 
 
-class RunDisplay:
-    """Receives the runner's events (``event(name, payload)``) and draws them with rich."""
+PLAIN_EVERY_S = 5.0
+"""Without a terminal (CI logs, a pipe): one plain line per trial at most this often, besides its start and end."""
 
-    def __init__(self, console: Console, spec: ScenarioSpec) -> None:
+
+class RunDisplay:
+    """Receives the runner's events (``event(name, payload)``) and draws them with rich: live bars on a terminal, and
+    plain lines (trial, env steps, return, rate; at most every :data:`PLAIN_EVERY_S` per trial) where there is none,
+    so a CI log moves while a run trains."""
+
+    def __init__(self, console: Console, spec: ScenarioSpec, *, clock: Any = time.monotonic) -> None:
         self.console = console
         self.spec = spec
+        self.plain = not console.is_terminal
+        self._clock = clock
+        self._last_line: dict[str, float] = {}  # trial name -> when its last plain line was printed
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -57,6 +67,9 @@ class RunDisplay:
         elif name == "trial_start":
             trial = payload["trial"]
             by_time = trial.budget.env_steps is None  # a time budget: progress in training seconds
+            if self.plain:
+                self.console.print(f"[{payload['index'] + 1}/{payload['total']}] {trial.name}: starting")
+                self._last_line[trial.name] = self._clock()
             self._tasks[trial.name] = self.progress.add_task(
                 f"[{payload['index'] + 1}/{payload['total']}] {trial.name}",
                 total=trial.budget.train_seconds if by_time else trial.budget.env_steps,
@@ -70,13 +83,22 @@ class RunDisplay:
             info = f"return {ret:8.1f}" if ret is not None else "return      -"
             info += f"  {v.get(M.SAMPLE_THROUGHPUT, 0):9,.0f} steps/s"
             done = v.get(M.WALL_TIME_S, 0.0) if trial.budget.env_steps is None else payload["step"]
-            self.progress.update(task, completed=min(done, self.progress.tasks[task].total or 0), info=info)
+            # past the budget (an engine's last iteration overshoots it) the count shows it, as the table will
+            self.progress.update(task, completed=done, info=info)
+            if self.plain and self._clock() - self._last_line.get(trial.name, -PLAIN_EVERY_S) >= PLAIN_EVERY_S:
+                self._last_line[trial.name] = self._clock()
+                total = self.progress.tasks[task].total or 0
+                unit = "s of training" if trial.budget.env_steps is None else "env steps"
+                self.console.print(f"{trial.name}: {done:,.0f}/{total:,.0f} {unit}, {' '.join(info.split())}")
         elif name == "trial_end":
             result = payload["result"]
             task = self._tasks.pop(result.trial.name, None)
             if task is not None:
                 style = _STYLE.get(result.status, "")
                 self.progress.update(task, info=f"[{style}]{result.status}[/{style}] {result.reason[:60]}")
+                if self.plain:
+                    reason = f": {result.reason[:200]}" if result.reason else ""
+                    self.console.print(f"{result.trial.name}: {result.status}, {result.env_steps:,} env steps{reason}")
             elif result.status == M.SKIPPED:
                 self.console.print(f"[dim]SKIPPED {result.trial.name}: {result.reason}[/dim]")
 
@@ -116,7 +138,11 @@ class RunDisplay:
 
 
 def _fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+    """A number as the table prints it; "-" for none, and never "-0.0" for a value that rounds to zero."""
+    if x is None:
+        return "-"
+    out = format(x, spec)
+    return out[1:] if out.startswith("-") and not any(c in "123456789" for c in out) else out
 
 
 def tune_summary(console: Console, spec: ScenarioSpec, outcome: Any) -> None:

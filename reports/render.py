@@ -418,8 +418,9 @@ def _document(
 
 
 def md_cell(s: str) -> str:
-    # GitHub renders inline HTML in tables: a reason like "<no async gradients>" would vanish.
-    s = " ".join(s.split()).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    # GitHub renders inline HTML in tables: a reason like "<no async gradients>" would vanish ("<" is enough to stop a
+    # tag; a ">" is left as written, so "P(X > Y)" reads the same in the verdict and the tables).
+    s = " ".join(s.split()).replace("|", "\\|").replace("<", "&lt;")
     return s if len(s) <= 240 else s[:239] + "…"
 
 

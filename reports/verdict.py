@@ -75,7 +75,10 @@ def _fin(x: Any) -> bool:
         return False
 
 
-def _how_sure(st: S.ReportStats, workers: int, best: str, second: str) -> str:
+def _improvement(
+    st: S.ReportStats, workers: int, best: str, second: str
+) -> tuple[float, float, float, int, str] | None:
+    """P(best > second), its CI, the fewer seeds of the two and "" (or, with fewer than 2 seeds, who has only one)."""
     rows = st.improvement[
         (st.improvement["workers"] == workers)
         & (
@@ -84,40 +87,66 @@ def _how_sure(st: S.ReportStats, workers: int, best: str, second: str) -> str:
         )
     ]
     if rows.empty:
-        return ""
+        return None
     r = rows.iloc[0]
     n = int(min(r["n_x"], r["n_y"]))
     flip = r["engine_x"] != best
     p = 1 - float(r["p"]) if flip else float(r["p"])
     lo, hi = (1 - float(r["ci_high"]), 1 - float(r["ci_low"])) if flip else (float(r["ci_low"]), float(r["ci_high"]))
+    alone = ""
     if n < 2:
         fewer = best if int(r["n_x" if not flip else "n_y"]) < 2 else second
         alone = "one seed per engine" if int(max(r["n_x"], r["n_y"])) < 2 else f"only one seed of {fewer}"
-        return f"{alone}: no conclusion (P({best} > {second}) = {p:.2f} from single pairs)"
-    if not (_fin(lo) and _fin(hi)):
-        return f"P({best} > {second}) = {p:.2f}, no CI"
-    ci = f"P({best} > {second}) = {p:.2f}, 95% CI [{lo:.2f}, {hi:.2f}], {n} seeds"
-    if lo > SURE:
-        return f"{best} is ahead ({ci})"
-    return f"not a clear difference ({ci}: the CI includes 0.5)"
+    return p, lo, hi, n, alone
 
 
 def _final_return(st: S.ReportStats, workers: int) -> str | None:
+    """The best final return, named only when the difference shows at the printed precision and the CI of P(best >
+    runner-up) excludes a tie; otherwise "no clear difference", and "no conclusion" from one seed."""
     fr = st.final_return[(st.final_return["workers"] == workers) & st.final_return["iqm"].notna()]
     if fr.empty:
         return None
     fr = fr.sort_values("iqm", ascending=False)
-    best = fr.iloc[0]
-    parts = [f"{r.engine} {_fmt(r.iqm)}" for r in fr.itertuples()]
-    sentence = f"Best final return: {best['engine']} (IQM over seeds: {', '.join(parts)})"
-    if len(fr) > 1:
-        sure = _how_sure(st, workers, str(best["engine"]), str(fr.iloc[1]["engine"]))
-        if sure:
-            sentence += f"; {sure}"
-    return sentence + "."
+    best, iqms = (
+        str(fr.iloc[0]["engine"]),
+        f"IQM over seeds: {', '.join(f'{r.engine} {_num(r.iqm)}' for r in fr.itertuples())}",
+    )
+    if len(fr) == 1:
+        return f"Final return: {best} alone ({iqms})."
+    second = str(fr.iloc[1]["engine"])
+    found = _improvement(st, workers, best, second)
+    if found is None:
+        return f"Final return: no conclusion ({iqms}; no paired comparison)."
+    p, lo, hi, n, alone = found
+    if alone:
+        return f"Final return: {alone}: no conclusion ({iqms}; P({best} > {second}) = {p:.2f} from single pairs)."
+    if not (_fin(lo) and _fin(hi)):
+        return f"Final return: no conclusion ({iqms}; P({best} > {second}) = {p:.2f}, no CI)."
+    ci = f"P({best} > {second}) = {p:.2f}, 95% CI [{lo:.2f}, {hi:.2f}], {n} seeds"
+    if _num(fr.iloc[0]["iqm"]) == _num(fr.iloc[1]["iqm"]):
+        return f"Final return: no clear difference ({iqms}: equal at this precision; {ci})."
+    if lo > SURE:
+        return f"Best final return: {best} ({iqms}; {ci})."
+    return f"Final return: no clear difference ({iqms}; {ci}: the CI includes 0.5)."
 
 
-def _to_target(st: S.ReportStats, workers: int, column: str, unit: str, fmt: Any) -> str | None:
+def _num(x: Any, digits: str = ".1f") -> str:
+    """A number as printed: one decimal, and never "-0.0"."""
+    out = format(float(x), digits)
+    return out[1:] if out.startswith("-") and float(out) == 0 else out
+
+
+def _seed_range(values: Any, fmt: Any, unit: str) -> str:
+    """The range over the seeds that reached the target ("" for fewer than two)."""
+    got = sorted(float(v) for v in values if v is not None and math.isfinite(float(v)))
+    if len(got) < 2:
+        return ""
+    return f": {fmt(got[0])}{unit}" if fmt(got[0]) == fmt(got[-1]) else f": {fmt(got[0])}-{fmt(got[-1])}{unit}"
+
+
+def _to_target(st: S.ReportStats, workers: int, column: str, unit: str, fmt: Any, unit_of: str = "") -> str | None:
+    """The fastest median seed to the target, each engine with its seeds' range (the uncertainty a reader needs: the
+    medians alone do not say whether the ranges overlap); with one seed, "no conclusion"."""
     if not math.isfinite(st.target_return) or st.time_to_target.empty:
         return None
     tt = st.time_to_target[st.time_to_target["workers"] == workers]
@@ -127,15 +156,30 @@ def _to_target(st: S.ReportStats, workers: int, column: str, unit: str, fmt: Any
     what = f"the target ({st.target_return:g})"
     if reached.empty:
         return f"Fastest to {what} in {unit}: none: no engine's median seed reached it within the budget."
+    per_seed = "steps_per_seed" if column == "median_steps" else "wall_s_per_seed"
     best = reached.iloc[0]
-    parts = [f"{r.engine} {fmt(getattr(r, column))} ({r.n_reached}/{r.n_seeds} seeds)" for r in reached.itertuples()]
+    parts = [
+        f"{r.engine} {fmt(getattr(r, column))}{unit_of} ({r.n_reached}/{r.n_seeds} seeds"
+        f"{_seed_range(getattr(r, per_seed), fmt, unit_of)})"
+        for r in reached.itertuples()
+    ]
     missed = [f"{r.engine} ({r.n_reached}/{r.n_seeds} seeds)" for r in tt.itertuples() if not r.median_reached]
-    sentence = f"Fastest to {what} in {unit}: {best['engine']} (median {', '.join(parts)})"
+    lead = f"Fastest to {what} in {unit}: {best['engine']}"
+    if int(best["n_seeds"]) < 2:
+        lead = f"Fastest to {what} in {unit}: one seed of {best['engine']}: no conclusion"
+    elif len(reached) > 1 and _overlap(reached.iloc[0][per_seed], reached.iloc[1][per_seed]):
+        lead = f"Fastest to {what} in {unit}: no clear difference, the seeds' ranges overlap"
+    sentence = f"{lead} (median {', '.join(parts)})"
     if missed:
         sentence += f"; the median seed did not reach it for {', '.join(missed)}"
-    if int(best["n_seeds"]) < 2:
-        sentence += "; one seed: no conclusion"
     return sentence + "."
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    """Whether two engines' seeds that reached the target overlap in range (a seed that missed left out)."""
+    xa = [float(v) for v in a if v is not None]
+    xb = [float(v) for v in b if v is not None]
+    return bool(xa and xb) and min(xb) <= max(xa)
 
 
 def _sampler(st: S.ReportStats, workers: int) -> str | None:
@@ -158,7 +202,7 @@ def verdict(st: S.ReportStats) -> list[str]:
         lines = [
             _final_return(st, workers),
             _to_target(st, workers, "median_steps", "env steps", _steps),
-            _to_target(st, workers, "median_wall_s", "seconds of training", lambda x: f"{_secs(x)} s"),
+            _to_target(st, workers, "median_wall_s", "seconds of training", _secs, " s"),
             _sampler(st, workers),
         ]
         prefix = f"{workers} worker{'s' if workers != 1 else ''}: " if len(counted) > 1 else ""
@@ -195,5 +239,5 @@ def missing_at_wall(st: S.ReportStats, trials: pd.DataFrame) -> list[str]:
             if statuses and statuses != [S.COUNTED_STATUS]
             else "no episode ended in that window (its iterations are longer than 10 % of the time)"
         )
-        out.append(f"{r.engine} ({r.workers} workers): no seed: {why}")
+        out.append(f"{r.engine} ({r.workers} worker{'s' if int(r.workers) != 1 else ''}): no seed: {why}")
     return out

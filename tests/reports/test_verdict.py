@@ -43,7 +43,9 @@ def test_several_worker_counts_are_compared_apart_and_failures_are_counted(make_
     st = _stats(make_frames, workers=(1, 2), seeds=(0, 1, 2))
     lines = verdict(st)
     assert any(line.startswith("1 worker: Best final return") for line in lines)
-    assert any(line.startswith("2 workers: Best final return") for line in lines)
+    # at 2 workers one engine kept a single seed (the others failed): no winner is named
+    [two] = [line for line in lines if line.startswith("2 workers: Final return: ")]
+    assert "only one seed of" in two and "no conclusion" in two
     assert lines[-1].startswith(f"{len(st.problems)} trials did not finish")
 
 
@@ -70,3 +72,41 @@ def test_the_report_opens_with_the_verdict_and_defines_its_measures(tmp_path: Pa
     assert figures and all(f"](figures/{name})" in md for name in figures)
     # the spec is shown with its defaults resolved, not as nulls
     assert "null" not in page.split("Spec (defaults resolved)")[1]
+
+
+def _two_engines(make_frames: Any) -> S.ReportStats:
+    return _stats(make_frames, engines=("crossrl", "torchrl"), workers=(1,), seeds=(0, 1, 2, 3, 4), failures=False)
+
+
+def test_a_winner_is_named_only_when_the_printed_iqms_differ_and_the_ci_excludes_a_tie(make_frames: Any) -> None:
+    st = _two_engines(make_frames)
+    st.final_return["iqm"] = [0.94, 0.91]  # both print as 0.9
+    st.improvement[["p", "ci_low", "ci_high"]] = [0.9, 0.7, 1.0]
+    [line] = [x for x in verdict(st) if "final return" in x.lower()]
+    assert line.startswith("Final return: no clear difference (IQM over seeds: crossrl 0.9, torchrl 0.9: equal"), line
+    st.final_return["iqm"] = [12.0, 10.0]
+    st.improvement[["p", "ci_low", "ci_high"]] = [0.7, 0.4, 0.9]  # the CI includes 0.5
+    [line] = [x for x in verdict(st) if "final return" in x.lower()]
+    assert line.startswith("Final return: no clear difference") and "the CI includes 0.5" in line, line
+    st.improvement[["p", "ci_low", "ci_high"]] = [0.9, 0.7, 1.0]
+    [line] = [x for x in verdict(st) if "final return" in x.lower()]
+    assert line.startswith("Best final return: crossrl (IQM over seeds: crossrl 12.0, torchrl 10.0"), line
+
+
+def test_every_fastest_to_line_gives_the_seeds_range_and_one_seed_names_no_winner(make_frames: Any) -> None:
+    lines = verdict(_two_engines(make_frames))
+    fastest = [line for line in lines if line.startswith("Fastest to the target")]
+    assert len(fastest) == 2
+    for line in fastest:
+        assert "5/5 seeds: " in line and "-" in line.split("5/5 seeds: ")[1], line  # each engine's seeds' range
+    one = verdict(_stats(make_frames, workers=(1,), seeds=(0,), failures=False))
+    assert all("one seed of" in x and "no conclusion" in x for x in one if x.startswith("Fastest to the target"))
+    assert not any(x.startswith("Best final return") for x in one)
+
+
+def test_printed_numbers_never_read_minus_zero_and_a_greater_than_sign_stays_as_written() -> None:
+    from crossrl.reports.render import md_cell
+    from crossrl.reports.verdict import _num
+
+    assert _num(-0.04) == "0.0" and _num(-0.06) == "-0.1" and _num(3.14159) == "3.1"
+    assert md_cell("P(crossrl > rllib) = 0.9, <no async>") == "P(crossrl > rllib) = 0.9, &lt;no async>"
