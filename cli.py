@@ -9,6 +9,7 @@ after the summary. `crossrl ui` stopped by one: 0.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import sys
@@ -153,6 +154,29 @@ def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
     return checked.spec, checked.path
 
 
+def _refused(trials: list[Any], *, label: str, skip_unsupported: bool, what: str) -> dict[str, str]:
+    """The trials `crossrl validate` refuses, checked as it checks them (the engine registry, then each engine's own
+    checks of the settings it would start with): exit 2 naming each, unless ``skip_unsupported``; then trial name ->
+    why, for the caller to skip (each listed on stderr)."""
+    from crossrl.orchestration.probes import validate_probes
+
+    probes = validate_probes()
+    unsupported = list(probes.unsupported(trials))
+    names = {t.name for t, _ in unsupported}
+    spaces = None
+    if any(t.engine == "torchrl" for t in trials):  # its refusals read the env's spaces (_load built the env already)
+        with contextlib.suppress(Exception):
+            spaces = probes.env_spaces(trials[0].env)
+    failing = probes.failing([t for t in trials if t.name not in names], spaces)
+    lines = [f"{label}: unsupported: {t.name}: {why}" for t, why in unsupported]
+    lines += [f"{label}: would fail: {t.name}: {why}" for t, why in failing]
+    if lines and not skip_unsupported:
+        _fail([*lines, f"{label}: {what} refuses these (as `crossrl validate` does); --skip-unsupported skips them"])
+    for line in lines:
+        typer.echo(f"skipped: {line}", err=True)
+    return {t.name: why for t, why in [*unsupported, *failing]}
+
+
 @app.command()
 def validate(
     spec: Annotated[str, typer.Argument(help="built-in scenario or table name, or a scenario or table YAML path")],
@@ -160,11 +184,19 @@ def validate(
         bool, typer.Option("--show", help="also print the resolved trials and each engine's resolved settings")
     ] = False,
     sets: Sets = None,
+    skip_unsupported: Annotated[
+        bool,
+        typer.Option(
+            "--skip-unsupported",
+            help="exit 0 when the trials an engine refuses would be skipped (as `run --skip-unsupported` does)",
+        ),
+    ] = False,
 ) -> None:
     """Check a scenario (or table) spec as `crossrl run` (`crossrl table run`) takes it, every problem in one pass:
     fields, values, env id and kwargs (the env is built once), its spaces against the algorithm and the model,
-    batch sizes, what each engine can run (RLlib's own config checks too); exit 2 when something is wrong or no
-    trial can run. Nothing trains and no Ray starts."""
+    batch sizes, what each engine can run (RLlib's own config checks too); exit 2 when something is wrong, no
+    trial can run, or a trial would be refused (`run` refuses it, or its engine would at start) unless
+    --skip-unsupported. Nothing trains and no Ray starts."""
     from crossrl.orchestration.probes import validate_probes
     from crossrl.scenarios.checks import check_scenario, check_table, show_lines
     from crossrl.scenarios.table import is_table
@@ -184,8 +216,19 @@ def validate(
         _fail(checked.problems)
     if not table:
         scenario = checked.spec
+        refused = len(checked.unsupported) + len(checked.failing)
+        if refused and not skip_unsupported:
+            label = checked.label
+            _fail(
+                [f"{label}: unsupported: {t.name}: {reason}" for t, reason in checked.unsupported]
+                + [f"{label}: would fail: {t.name}: {reason}" for t, reason in checked.failing]
+                + [
+                    f"{label}: {refused} of {len(checked.trials)} trials would be refused (`crossrl run` refuses "
+                    "them too); --skip-unsupported skips them"
+                ]
+            )
         typer.echo(f"{checked.path}: ok, fingerprint {scenario.fingerprint()}, {len(checked.trials)} trials")
-        _list_refused(checked, "  ", "crossrl run refuses these unless --skip-unsupported records them as SKIPPED")
+        _list_refused(checked, "  ", "skipped: crossrl run --skip-unsupported records these as SKIPPED")
         if show:
             for line in show_lines(checked, probes):
                 typer.echo(line)
@@ -212,7 +255,7 @@ def _list_refused(checked: Any, indent: str, unsupported_note: str) -> None:
     for trial, reason in checked.failing:
         typer.echo(f"{indent}would fail: {trial.name}: {reason}")
     if checked.failing:
-        typer.echo(f"{indent}(the engine refuses these once they start, so each would end FAILED)")
+        typer.echo(f"{indent}(the engine refuses these once they start; skipped as SKIPPED with --skip-unsupported)")
 
 
 @app.command()
@@ -396,7 +439,6 @@ def run(
     ] = "node",
 ) -> None:
     """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
-    from crossrl.adapters.registry import require_supported
     from crossrl.orchestration.runner import run_scenario
     from crossrl.orchestration.signals import Interrupted, stop_on_signals
     from crossrl.reports.console import RunDisplay
@@ -407,11 +449,7 @@ def run(
 
     overrides = _overrides(engines_, workers, seeds, steps, sets)
     scenario, path = _load(spec, overrides)
-    if not skip_unsupported:
-        try:
-            require_supported(scenario.trials())
-        except SpecError as e:
-            _fail(e.problems)
+    refused = _refused(scenario.trials(), label=path.name, skip_unsupported=skip_unsupported, what="crossrl run")
     store = _store_or_fail(tracking_uri, results_dir)
     display = RunDisplay(_console(), scenario)
     try:
@@ -422,6 +460,7 @@ def run(
                 spec_path=path,
                 ray_address=ray_address,
                 skip_unsupported=skip_unsupported,
+                refused=refused,
                 progress=display.event,
                 command=" ".join(sys.argv),
                 resume=resume,
@@ -484,10 +523,13 @@ def tune(
             "(from their checkpoints when they wrote one)",
         ),
     ] = False,
+    skip_unsupported: Annotated[
+        bool, typer.Option("--skip-unsupported", help="leave out the engines that refuse the search's trials")
+    ] = False,
 ) -> None:
     """Search each engine's hyperparameters on Ray Tune (the spec's search section: the same space and budget for
-    every engine), then run each engine's best configuration and the spec's own setting on the test seeds."""
-    from crossrl.adapters.registry import require_supported
+    every engine), then run each engine's best configuration and the spec's own setting on the test seeds. An engine
+    that would refuse its trials (`crossrl validate` says which) is refused before anything starts."""
     from crossrl.orchestration.signals import Interrupted, stop_on_signals
     from crossrl.orchestration.tuning import run_tune
     from crossrl.reports.console import RunDisplay, tune_summary
@@ -498,10 +540,16 @@ def tune(
     scenario, path = _load(spec, _overrides(engines_, None, None, None, sets))
     if scenario.search is None:
         _fail([f"{path}: no search section: add `search: {{space: ..., env_steps: N}}` (docs/tuning.md)"])
-    try:
-        require_supported([t for e in scenario.engines for t in scenario.search_trials(e)[:1]])
-    except SpecError as e:
-        _fail(e.problems)
+    # each engine's first search configuration and its own setting on a test seed, checked as validate checks them
+    first = [t for e in scenario.engines for t in scenario.search_trials(e)[:1]]
+    refused = _refused(
+        first + scenario.trials(), label=path.name, skip_unsupported=skip_unsupported, what="crossrl tune"
+    )
+    left = [e for e in scenario.engines if not any(t.engine == e and t.name in refused for t in first)]
+    if not left:
+        _fail([f"{path}: every engine refuses the search's trials (skipped above): nothing to search"])
+    if left != list(scenario.engines):
+        scenario = scenario.model_copy(update={"engines": tuple(left)})
     store = _store_or_fail(tracking_uri, results_dir)
     console = _console()
     display = RunDisplay(console, scenario)

@@ -231,6 +231,7 @@ def run_scenario(
     placement: str = "node",
     kind: str = "parent",
     tags: Mapping[str, str] | None = None,
+    refused: Mapping[str, str] | None = None,
 ) -> RunOutcome:
     """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
 
@@ -258,11 +259,14 @@ def run_scenario(
     processes on one node, ``spread`` lets them spread); see ``crossrl.orchestration.fanout``. Raises ``SpecError``
     before anything is stored when a trial cannot fit the cluster. ``kind``: the parent run's ``crossrl.kind``
     (`crossrl tune`'s test-seed runs are "tuned"; ``resume`` then takes up a run of that kind); ``tags`` go on the parent
-    run as it starts (`crossrl tune` finds its test-seed runs by them, a run killed part-way included).
+    run as it starts (`crossrl tune` finds its test-seed runs by them, a run killed part-way included). ``refused``:
+    trials the caller found their engine would refuse at start (trial name -> why, as `crossrl validate` says):
+    recorded SKIPPED with that reason, as unsupported ones are.
     """
     trials, bad = plan_trials(
         spec, ray_address=ray_address, skip_unsupported=skip_unsupported, parallel=parallel, placement=placement
     )
+    bad = {**(refused or {}), **bad}
     notify = progress or (lambda _event, _payload: None)
     start = _starting_point(store, spec, trials, resume=resume, kind=kind, notify=notify)
     journal = store.start_journal(warn=lambda msg: notify("store_warning", {"message": msg}))

@@ -133,12 +133,19 @@ def test_no_trial_can_run_exits_2_one_line_per_engine(tmp_path: Path) -> None:
     assert "does not run dqn on multi-agent envs" in lines[0]
 
 
-def test_where_some_trials_can_run_the_others_are_listed(tmp_path: Path) -> None:
-    out = cli("validate", write(tmp_path, spec(algorithm={"name": "a2c"}, engines=["crossrl", "rllib"])))
+def test_a_trial_run_refuses_makes_validate_exit_2_unless_it_is_skipped(tmp_path: Path) -> None:
+    """validate = run: `crossrl run` refuses an A2C spec listing RLlib (exit 2), so validate does too, naming the
+    trial; with --skip-unsupported (as `run --skip-unsupported` would) it is ok and the skipped trial listed."""
+    path = write(tmp_path, spec(algorithm={"name": "a2c"}, engines=["crossrl", "rllib"]))
+    out = cli("validate", path)
+    assert out.exit_code == 2 and "ok" not in out.stdout, out.output
+    assert errors(out)[0].endswith("t.yaml: unsupported: rllib-a2c-w1-s0: RLlib 2.60 has no A2C (removed from RLlib; "
+                                   "rllib_contrib only); rllib supports: ppo, impala, dqn")  # fmt: skip
+    assert "--skip-unsupported" in errors(out)[-1]
+    out = cli("validate", path, "--skip-unsupported")
     assert out.exit_code == 0, out.output
     assert "ok, fingerprint" in out.stdout and "2 trials" in out.stdout
     assert "  unsupported: rllib-a2c-w1-s0: RLlib 2.60 has no A2C" in out.stdout
-    assert "--skip-unsupported" in out.stdout
 
 
 def test_trials_an_engine_refuses_once_started_are_listed(tmp_path: Path) -> None:
@@ -154,12 +161,37 @@ def test_trials_an_engine_refuses_once_started_are_listed(tmp_path: Path) -> Non
         execution={"workers": [2], "envs_per_worker": 3},
     )
     out = cli("validate", write(tmp_path, raw))
+    assert out.exit_code == 2, out.output  # the engine would refuse it at start: validate says so, as run does
+    [line] = [ln for ln in errors(out) if "would fail:" in ln]
+    assert "t.yaml: would fail: rllib-ppo-w2-s0: rllib: " in line and "rollout_fragment_length" in line
+    out = cli("validate", write(tmp_path, raw), "--skip-unsupported")
     assert out.exit_code == 0, out.output
     [line] = [ln for ln in out.stdout.splitlines() if "would fail:" in ln]
     assert line.startswith("  would fail: rllib-ppo-w2-s0: rllib: ") and "rollout_fragment_length" in line
     assert "rollout_fragment_length is algorithm.hyperparams.rollout_fragment" in line
     out = cli("validate", write(tmp_path, {**raw, "engines": ["rllib"]}))
     assert out.exit_code == 2 and len(errors(out)) == 1
+
+
+def test_run_and_tune_refuse_what_validate_refuses_before_anything_starts(tmp_path: Path) -> None:
+    """A train batch RLlib's fragments cannot fill: validate exits 2, and so do `run` and `tune` before a store or a
+    Ray Tune trial exists (`tune` would otherwise start every configuration's trial and see each fail)."""
+    raw = spec(
+        engines=["crossrl", "rllib"],
+        algorithm={"name": "ppo", "hyperparams": {"train_batch": 400, "minibatch": 100}},
+        execution={"workers": [1], "envs_per_worker": 2},
+        seeds=[0],
+        search={"space": {"lr": {"loguniform": [1e-4, 1e-3]}}, "configurations": 2, "env_steps": 500},
+    )
+    path = write(tmp_path, raw)
+    results = tmp_path / "results"
+    for command in ("run", "tune"):
+        out = cli(command, path, "--results-dir", str(results))
+        assert out.exit_code == 2, (command, out.output)
+        lines = errors(out)
+        assert "t.yaml: would fail: rllib-ppo-w1-s" in lines[0] and "rollout_fragment_length" in lines[0], lines
+        assert "--skip-unsupported" in lines[-1]
+        assert not results.exists(), command  # nothing stored, nothing started
 
 
 # -- spaces, batch sizes, the target ----------------------------------------------------------------------------
@@ -236,7 +268,7 @@ def test_unread_hyperparameters_are_a_warning_naming_them(tmp_path: Path) -> Non
     assert line.startswith("warning: t.yaml: algorithm.hyperparams: ppo does not read buffer_size (read by dqn, apex)")
     assert "epsilon_final" in line and "lr" not in line.replace("remove", "")
     # RLlib refuses a trial with a name it does not map: that trial would fail, so it is listed
-    out = cli("validate", write(tmp_path, {**raw, "engines": ["crossrl", "rllib"]}))
+    out = cli("validate", write(tmp_path, {**raw, "engines": ["crossrl", "rllib"]}), "--skip-unsupported")
     assert out.exit_code == 0
     assert "  would fail: rllib-ppo-w1-s0: rllib has no setting for buffer_size, epsilon_final" in out.stdout
 
