@@ -487,7 +487,7 @@ class BudgetSpec(BaseModel):
         return self
 
 
-DEFAULT_CHECKPOINT_EVERY_S = 300.0
+DEFAULT_CHECKPOINT_EVERY_S = 60.0
 DEFAULT_CHECKPOINT_KEEP = 2
 
 
@@ -505,8 +505,9 @@ class CheckpointSpec(BaseModel):
         gt=0,
         description=(
             "a checkpoint each time this much training time passed since the last one (default "
-            f"{DEFAULT_CHECKPOINT_EVERY_S:g}; trials shorter than that write none but the final one); give "
-            "every_env_steps instead to count env steps, or null for both to write none during training"
+            f"{DEFAULT_CHECKPOINT_EVERY_S:g}, unless every_env_steps is given alone; trials shorter than that write "
+            "none but the final one); with every_env_steps too, whichever interval passes first; null for both to "
+            "write none during training"
         ),
     )
     keep: int = Field(
@@ -519,10 +520,9 @@ class CheckpointSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _one_interval(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("every_env_steps") is not None:
-            if data.get("every_seconds") is not None:
-                raise ValueError("give every_env_steps or every_seconds, not both")
+    def _env_steps_alone(cls, data: Any) -> Any:
+        """every_env_steps given alone replaces the default time interval; given with every_seconds, both count."""
+        if isinstance(data, dict) and data.get("every_env_steps") is not None and "every_seconds" not in data:
             data = {**data, "every_seconds": None}
         return data
 

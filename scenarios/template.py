@@ -51,7 +51,7 @@ budget:
   wall_seconds: 1200         # hard limit per trial, set-up included: past it the trial is a TIMEOUT
 
 checkpoint:                  # what `crossrl run --resume` continues a killed trial from, `crossrl evaluate` reloads
-  every_seconds: 300         # one per 5 min of training (or every_env_steps: N); keep the newest 2
+  every_seconds: 60          # one per minute of training (every_env_steps: N too: whichever first); keep 2
   keep: 2
 
 target:
