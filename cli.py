@@ -389,6 +389,40 @@ def _overrides(
     return out
 
 
+def _spec_to_resume(scenario: Any, path: Path, overrides: dict[str, Any], resume: str, store: Any) -> Any:
+    """The spec the run to resume stored at its start (its overrides and its selection of engines, workers and seeds
+    applied): no flag needs repeating. Exit 2 naming the fields when the spec file changed since, or when flags given
+    now describe another run."""
+    import yaml
+
+    from crossrl.orchestration.runner import parent_to_resume, spec_differences, stored_spec
+    from crossrl.reports.store import StoreError
+    from crossrl.scenarios.loader import SpecError
+
+    try:
+        parent = parent_to_resume(store, scenario.name, resume)
+        stored = stored_spec(store, parent, label=f"run {parent.info.run_id}")
+    except (StoreError, SpecError) as e:
+        _fail(e.problems if isinstance(e, SpecError) else [str(e)])
+    run_id = parent.info.run_id
+    if overrides:  # flags again: fine when they say what the run had
+        differ = spec_differences(stored.model_dump(mode="json"), scenario.model_dump(mode="json"))
+        if differ:
+            _fail([f"--resume: run {run_id} ran {', '.join(differ)} otherwise than these flags say; --resume takes "
+                   "up the run as it was started (drop the flags), or start a new run without --resume"])  # fmt: skip
+        return stored
+    try:
+        [source] = [a.path for a in store.client.list_artifacts(run_id, "spec_source")]
+        then = yaml.safe_load(store.artifact_bytes(run_id, source))
+    except Exception:  # a run that did not keep its spec file: its stored spec is all there is
+        return stored
+    differ = spec_differences(then or {}, yaml.safe_load(path.read_text()) or {})
+    if differ:
+        _fail([f"--resume: {path} changed since run {run_id} started ({', '.join(differ)} differ); put it back as it "
+               "was (the run's spec_source artifact) to finish that run, or start a new run without --resume"])  # fmt: skip
+    return stored
+
+
 @app.command()
 def run(
     spec: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")],
@@ -449,6 +483,8 @@ def run(
 
     overrides = _overrides(engines_, workers, seeds, steps, sets)
     scenario, path = _load(spec, overrides)
+    if resume is not None:  # finish what that run set out to do: its own spec, overrides and selection
+        scenario = _spec_to_resume(scenario, path, overrides, resume, _store_or_fail(tracking_uri, results_dir))
     refused = _refused(scenario.trials(), label=path.name, skip_unsupported=skip_unsupported, what="crossrl run")
     store = _store_or_fail(tracking_uri, results_dir)
     display = RunDisplay(_console(), scenario)

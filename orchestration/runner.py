@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from crossrl.adapters import checkpoints
-from crossrl.adapters.registry import require_supported, unsupported
+from crossrl.adapters.registry import engine_ids, require_supported, unsupported
 from crossrl.core.cluster import LOCAL_RAY_ENV, disconnect
 from crossrl.orchestration.procs import UsageMeter, kill_procs, process_tree
 from crossrl.orchestration.signals import Interrupted, deferred_signals, deliver, held_signals
@@ -349,6 +349,11 @@ def _starting_point(
         checkpoint_root = Path(root) if root else new_checkpoint_root(store, spec)
         carried = checkpoints_to_resume(store, left, attempts, checkpoint_root, notify)
         start = StartingPoint(left, checkpoint_root, resumed_id, bool(root), kept, attempts, carried)
+        for t in left:  # what each trial continues from, said before it starts
+            if t.name in carried:
+                notify("resumed", {"trial": t, "env_step": carried[t.name].env_step})
+            elif t.name in attempts:
+                notify("restarted", {"trial": t, "why": "no checkpoint"})
     start.trials = [
         t.model_copy(
             update={
@@ -487,18 +492,47 @@ def _record_skipped(
 ENDED = (M.FINISHED, M.FAILED, M.TIMEOUT, M.SKIPPED)  # a trial in one of these needs no new attempt on resume
 
 
+def parent_to_resume(store: ResultsStore, scenario: str, resume: str) -> Any:
+    """The parent run ``--resume`` names: the scenario's newest (``latest``) or the one with that id."""
+    if resume == "latest":
+        parents = store.parent_runs(scenario)
+        if not parents:
+            raise StoreError(f"--resume: no earlier `crossrl run` of {scenario!r} in {store.uri}")
+        return parents[0]
+    return store.parent_run(resume)
+
+
+def stored_spec(store: ResultsStore, parent: Any, *, label: str) -> ScenarioSpec:
+    """The spec a run set out to run, as it stored it at its start (its overrides and its selection of engines,
+    workers and seeds applied): what ``--resume`` finishes."""
+    from crossrl.reports.store import SPEC_ARTIFACT
+    from crossrl.scenarios.loader import validate
+
+    try:
+        raw = json.loads(store.artifact_bytes(str(parent.info.run_id), SPEC_ARTIFACT))
+    except Exception as e:
+        raise StoreError(f"--resume: run {parent.info.run_id} has no readable {SPEC_ARTIFACT} ({e})") from None
+    return validate(raw, label=label, engines=engine_ids())
+
+
+def spec_differences(before: Mapping[str, Any], after: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted fields whose values differ between two spec dumps (a field present in one only included)."""
+    out: list[str] = []
+    for key in sorted(set(before) | set(after)):
+        a, b = before.get(key), after.get(key)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out += spec_differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}")
+    return out
+
+
 def _resume_point(
     store: ResultsStore, spec: ScenarioSpec, resume: str, trials: Sequence[Trial], *, kind: str = "parent"
 ) -> tuple[str, list[TrialResult], dict[str, list[str]], str]:
     """The parent run to resume, its trials that ended (read back), its unfinished attempts (name -> ids, oldest
     first) and its checkpoint folder ("" for a run from before checkpoints)."""
-    if resume == "latest":
-        parents = store.parent_runs(spec.name)
-        if not parents:
-            raise StoreError(f"--resume: no earlier `crossrl run` of {spec.name!r} in {store.uri}")
-        parent = parents[0]
-    else:
-        parent = store.parent_run(resume)
+    parent = parent_to_resume(store, spec.name, resume)
     if parent.info.status == "RUNNING" and str(parent.info.run_id) in store.reap_orphans():
         parent = store.parent_run(str(parent.info.run_id))  # its owner had died without closing it: KILLED now
     parent_id, tags = str(parent.info.run_id), parent.data.tags

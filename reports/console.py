@@ -60,6 +60,10 @@ class RunDisplay:
                 f"[bold]{self.spec.name}[/bold]: {what}, fingerprint {self.spec.fingerprint()}, "
                 f"parent run {payload['parent_id']}"
             )
+        elif name == "resumed":
+            self.console.print(f"{payload['trial'].name}: resumed from env step {payload['env_step']:,}")
+        elif name == "restarted":
+            self.console.print(f"{payload['trial'].name}: restarted from the start: {payload['why']}")
         elif name == "warning":
             self.console.print(f"[yellow]{payload['trial'].name}: {payload['message']}[/yellow]")
         elif name == "store_warning":

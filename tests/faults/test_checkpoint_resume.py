@@ -81,6 +81,7 @@ def test_a_killed_trial_resumes_from_its_newest_good_checkpoint(engine: str, res
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     said = [line for line in (out.stdout + out.stderr).splitlines() if "cannot be used" in line]
     assert len(said) == 1 and newer.name in said[0] and "truncated" in said[0], said
+    assert f"{trial}: resumed from env step {older_step:,}" in out.stdout  # the console says what it continues from
 
     store = ResultsStore(None, results_dir=results_dir)
     parent = store.parent_runs(f"ck-{engine}")[0]

@@ -94,11 +94,11 @@ def test_sigkilled_run_is_marked_killed_then_resumed(fault_engine: Path, results
     assert after[killed_id].data.tags["status"] == "KILLED" and after[killed_id].info.status == "KILLED"
     assert after[finished_id].data.tags["status"] == "FINISHED"
 
-    # A changed spec is refused: exit 2, one line, nothing started.
+    # A changed spec is refused: exit 2, one line naming the field, nothing started.
     changed = _cli("run", str(_spec(tmp_path, steps=3000)), "--resume", "--no-report", results=results_dir)
     assert changed.returncode == 2, changed.stdout + changed.stderr
     lines = [line for line in changed.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "fingerprint" in lines[0] and "Traceback" not in changed.stderr
+    assert len(lines) == 1 and "(budget.env_steps differ)" in lines[0] and "Traceback" not in changed.stderr
 
     # --resume runs only the trial that did not end, under the same parent run.
     resumed = _cli("run", str(spec), "--resume", "--no-report", results=results_dir)
@@ -163,3 +163,36 @@ def test_resume_takes_an_optional_parent_id() -> None:
         "run", "x", "--resume", "latest", "--no-report"
     ]  # fmt: skip
     assert _optional_resume_value(["run", "x", "--resume", "abc"]) == ["run", "x", "--resume", "abc"]
+
+
+@pytest.mark.integration
+def test_resume_finishes_what_the_run_set_out_to_do_with_no_flag_repeated(
+    fault_engine: Path, results_dir: Path, tmp_path: Path
+) -> None:
+    """Run with a selection (--seeds) and an override (--set); kill it; `--resume` alone takes up that run: the
+    selected seeds only, the overridden value, and each trial says what it continues from."""
+    spec = _spec(tmp_path)
+    spec_text = yaml.safe_load(spec.read_text())
+    spec_text["seeds"] = [0, 1, 4]
+    spec.write_text(yaml.safe_dump(spec_text))
+    flags = ["--seeds", "0,4", "--set", "algorithm.hyperparams.lr=0.001"]
+    proc = subprocess.Popen([*CLI, "run", str(spec), *flags, "--results-dir", str(results_dir), "--no-report"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (fault_engine / "started-4").exists():  # seed 0 finished, seed 4 is running
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the slow trial started"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+
+    resumed = _cli("run", str(spec), "--resume", "--no-report", results=results_dir)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resume-test: 1 trial to run, 1 kept" in resumed.stdout, resumed.stdout[-3000:]  # not seed 1
+    assert "fault-ppo-w1-s4: restarted from the start: no checkpoint" in resumed.stdout
+    trials = [r for r in _runs(results_dir) if r.data.tags.get("crossrl.kind") == "trial"]
+    assert {r.data.tags["seed"] for r in trials} == {"0", "4"}
+    assert {float(r.data.params["hp.lr"]) for r in trials} == {0.001}  # the override, not repeated
+
+    again = _cli("run", str(spec), "--resume", "--seeds", "1", "--no-report", results=results_dir)
+    assert again.returncode == 2 and "seeds" in again.stderr and len(again.stderr.strip().splitlines()) == 1
