@@ -823,10 +823,17 @@ def regress(
     ] = False,
     markdown_out: Annotated[Path | None, typer.Option("--markdown", help="also write the table here")] = None,
     junit_out: Annotated[Path | None, typer.Option("--junit", help="write JUnit XML here")] = None,
+    speed: Annotated[
+        bool,
+        typer.Option(
+            "--speed", help="also check the throughput ratio (machine load moves it; learning checks alone by default)"
+        ),
+    ] = False,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
 ) -> None:
-    """Compare a run with a baseline. Exit 0: no regression; 1: a regression; 2: unusable input."""
+    """Compare a run with a baseline: final return and steps to target, and with --speed the sampling throughput.
+    Exit 0: no regression; 1: a regression; 2: unusable input."""
     from crossrl.reports.api import run_regress
     from crossrl.reports.regress import BaselineError
     from crossrl.reports.store import StoreError
@@ -841,6 +848,7 @@ def regress(
             allow_spec_change=allow_spec_change,
             markdown_out=markdown_out,
             junit_out=junit_out,
+            speed=speed,
         )
     except (BaselineError, StoreError) as e:
         _fail([str(e)])

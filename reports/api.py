@@ -66,17 +66,19 @@ def run_regress(
     allow_spec_change: bool,
     markdown_out: Path | None = None,
     junit_out: Path | None = None,
+    speed: bool = False,
 ) -> tuple[int, str]:
-    """Compare a run with a baseline; returns (exit code 0/1, Markdown). BaselineError/StoreError mean exit 2."""
+    """Compare a run with a baseline; returns (exit code 0/1, Markdown). BaselineError/StoreError mean exit 2.
+    ``speed``: the throughput ratio too (learning checks alone by default)."""
     from crossrl.reports.regress import REGRESSION, check_comparable, compare, junit_xml, markdown, read_baseline
 
     baseline = read_baseline(baseline_path)
     pid = _parent_id(store, scenario=scenario or baseline.get("scenario"), parent_id=parent_id)
     current, tolerances = _current(store, pid)
     check_comparable(baseline, current, allow_spec_change=allow_spec_change)
-    comparisons = compare(baseline, current, tolerances=tolerances)
+    comparisons = compare(baseline, current, tolerances=tolerances, speed=speed)
     title = f"crossrl regress: {current['scenario']} (run {pid}) vs {baseline_path.name}"
-    md = markdown(comparisons, title=title)
+    md = markdown(comparisons, title=title, speed=speed)
     if markdown_out:
         markdown_out.parent.mkdir(parents=True, exist_ok=True)
         markdown_out.write_text(md)

@@ -220,19 +220,26 @@ def _fmt(xs: Sequence[float | None]) -> str:
 
 
 def compare(
-    baseline: Mapping[str, Any], current: Mapping[str, Any], *, tolerances: RegressSpec, seed: int = 0
+    baseline: Mapping[str, Any],
+    current: Mapping[str, Any],
+    *,
+    tolerances: RegressSpec,
+    seed: int = 0,
+    speed: bool = True,
 ) -> list[Comparison]:
-    """Every comparison, baseline entry by entry (entries only in the current run are reported as new)."""
+    """Every comparison, baseline entry by entry (entries only in the current run are reported as new). ``speed``:
+    also the throughput ratio, which other work on the machine moves (the learning checks it does not)."""
     rng = np.random.default_rng(seed)
     target = current.get("target_return")
     out: list[Comparison] = []
     for key in sorted(baseline["entries"]):
         b, c = baseline["entries"][key], current["entries"][key]
-        out.append(
-            _compare_throughput(
-                key, _vals(b["throughput_ratio"]), _vals(c["throughput_ratio"]), tolerances.throughput_drop
+        if speed:
+            out.append(
+                _compare_throughput(
+                    key, _vals(b["throughput_ratio"]), _vals(c["throughput_ratio"]), tolerances.throughput_drop
+                )
             )
-        )
         if tolerances.final_return:
             out.append(_compare_return(key, _vals(b["final_return"]), _vals(c["final_return"]), target, rng))
         out.append(
@@ -243,9 +250,19 @@ def compare(
     return out
 
 
-def markdown(comparisons: Sequence[Comparison], *, title: str) -> str:
+SPEED_NOTE = (
+    "Speed (throughput_ratio: each trial's sampling throughput over the raw env's, measured in the same run) moves with "
+    "whatever else runs on the machine: a stored baseline from another day or host cannot tell a few percent from "
+    "noise, so it is flagged only past the spec's regress.throughput tolerance and the seeds' ranges; for a paired "
+    "check of a code change use `crossrl ab` (docs/ab-gate.md)."
+)
+LEARNING_NOTE = "Learning checks only (final return, steps to target); `--speed` adds the throughput ratio."
+
+
+def markdown(comparisons: Sequence[Comparison], *, title: str, speed: bool = True) -> str:
     regressions = sum(c.verdict == REGRESSION for c in comparisons)
     head = f"### {title}: " + (f"{regressions} regression(s)" if regressions else "no regression") + "\n\n"
+    head += (SPEED_NOTE if speed else LEARNING_NOTE) + "\n\n"
     rows = [
         "| engine/algorithm/workers | metric | baseline | current | change | verdict | detail |",
         "|---|---|---|---|---|---|---|",

@@ -143,7 +143,7 @@ def test_smoke_has_no_regression_against_the_committed_baseline(smoke_run: dict[
     proc = subprocess.run(
         [
             sys.executable, "-m", "crossrl.cli", "regress", "--baseline", str(repo / "reports/baselines/smoke.json"),
-            "--run", smoke_run["loaded"].meta["parent_run_id"], "--tracking-uri", mlflow_server,
+            "--run", smoke_run["loaded"].meta["parent_run_id"], "--tracking-uri", mlflow_server, "--speed",
             "--markdown", str(out / "regress.md"), "--junit", str(out / "regress.xml"),
         ],
         capture_output=True, text=True, timeout=300,
