@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import signal
 import sys
 from collections.abc import Callable
@@ -389,6 +390,11 @@ def _overrides(
     return out
 
 
+def _overrides_text(overrides: dict[str, Any]) -> str:
+    """The flags that set a run apart from its spec file, as `crossrl runs` shows them."""
+    return "; ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in overrides.items())
+
+
 def _spec_to_resume(scenario: Any, path: Path, overrides: dict[str, Any], resume: str, store: Any) -> Any:
     """The spec the run to resume stored at its start (its overrides and its selection of engines, workers and seeds
     applied): no flag needs repeating. Exit 2 naming the fields when the spec file changed since, or when flags given
@@ -475,6 +481,7 @@ def run(
     """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
     from crossrl.orchestration.runner import run_scenario
     from crossrl.orchestration.signals import Interrupted, stop_on_signals
+    from crossrl.reports import api
     from crossrl.reports.console import RunDisplay
     from crossrl.reports.journal import JournalError
     from crossrl.reports.store import StoreError
@@ -497,6 +504,7 @@ def run(
                 ray_address=ray_address,
                 skip_unsupported=skip_unsupported,
                 refused=refused,
+                tags={api.OVERRIDES_TAG: _overrides_text(overrides)} if overrides and resume is None else None,
                 progress=display.event,
                 command=" ".join(sys.argv),
                 resume=resume,
@@ -528,9 +536,8 @@ def run(
         )
         raise typer.Exit(Interrupted(outcome.stop_signal).exit_code if outcome.interrupted else EXIT_UNSENT)
     if not no_report and not outcome.interrupted:
-        _render_report(
-            store, parent_id=outcome.parent_id, out_dir=report_dir or results_dir / "reports" / scenario.name
-        )
+        _render_report(store, parent_id=outcome.parent_id, out_dir=report_dir, scenario=scenario.name,
+                       results_dir=results_dir)  # fmt: skip
     if outcome.interrupted:
         raise typer.Exit(Interrupted(outcome.stop_signal or signal.SIGINT).exit_code)
     if any(r.status in (M.FAILED, M.TIMEOUT) for r in outcome.results):
@@ -687,12 +694,24 @@ def fidelity(
         raise typer.Exit(1)
 
 
-def _render_report(store: Any, *, parent_id: str, out_dir: Path) -> None:
-    from crossrl.reports.api import make_report
+def _render_report(store: Any, *, parent_id: str, out_dir: Path | None, scenario: str, results_dir: Path) -> None:
+    """The run's report in ``out_dir``, or by default in its own folder ``<results>/reports/<scenario>/<run id>/``,
+    copied to ``<results>/reports/<scenario>/`` when it is the scenario's newest run (that folder holds the newest's)."""
+    from crossrl.reports.api import make_report, run_report_dir
 
-    paths = make_report(store, parent_id=parent_id, out_dir=out_dir)
+    own = out_dir or run_report_dir(results_dir, scenario, parent_id)
+    paths = make_report(store, parent_id=parent_id, out_dir=own)
     typer.echo(f"report: {paths.html}")
     typer.echo(f"        {paths.markdown}")
+    parents = store.parent_runs(scenario) if out_dir is None else []
+    if parents and str(parents[0].info.run_id) == parent_id:
+        newest = own.parent
+        for item in own.iterdir():
+            if item.is_dir():
+                shutil.copytree(item, newest / item.name, dirs_exist_ok=True)
+            else:
+                shutil.copy2(item, newest / item.name)
+        typer.echo(f"newest: {newest / paths.html.name}")
 
 
 @app.command()
@@ -728,7 +747,8 @@ def report(
             if not parents:
                 _fail([f"no `crossrl run` of scenario {scenario!r} in {store.uri}"])
             run_id = parents[0].info.run_id
-        _render_report(store, parent_id=run_id, out_dir=out_dir or results_dir / "reports" / (scenario or run_id))
+        name = scenario or str(store.parent_run(run_id).data.tags.get("scenario", run_id))
+        _render_report(store, parent_id=run_id, out_dir=out_dir, scenario=name, results_dir=results_dir)
     except StoreError as e:
         _fail([str(e)])
 
@@ -794,7 +814,8 @@ def runs(
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
 ) -> None:
-    """List past `crossrl run`s in the store, newest first: scenario, parent run, start, status, trials, report."""
+    """List past `crossrl run`s in the store, newest first: scenario, parent run, start, status, trials, the flags that
+    set each apart from its spec file, and its own report."""
     from rich.table import Table
 
     from crossrl.reports.runs import COLUMNS, past_runs
@@ -810,7 +831,7 @@ def runs(
     for row in rows.itertuples(index=False):
         table.add_row(*(str(v) for v in row))
     _console().print(table)
-    _console().print("a run's report: crossrl report SCENARIO (its newest) or crossrl report --run PARENT_RUN")
+    _console().print("a run without a report (--no-report, stopped): crossrl report --run PARENT_RUN renders its own")
 
 
 @app.command()

@@ -7,6 +7,14 @@ from typing import Any
 
 from crossrl.reports.store import ResultsStore
 
+OVERRIDES_TAG = "run.overrides"
+"""A `crossrl run`'s flags that set it apart from its spec file (``--set``, ``--engines``, ``--workers``, ...)."""
+
+
+def run_report_dir(results_dir: Path, scenario: str, parent_id: str) -> Path:
+    """A run's own report folder; the scenario's folder above it keeps a copy of the newest."""
+    return Path(results_dir) / "reports" / scenario / parent_id
+
 
 def make_report(store: ResultsStore, *, parent_id: str, out_dir: Path) -> Any:
     """Render report.html/.md/.json for one `crossrl run` and log them as the parent run's artifacts."""

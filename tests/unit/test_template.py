@@ -99,3 +99,40 @@ def test_cli_runs_lists_past_runs(fault_engine: Path, results_dir: Path) -> None
     listed = cli.invoke(app, ["runs", "--results-dir", str(results_dir)], env={"COLUMNS": "250"})
     assert listed.exit_code == 0, listed.output
     assert "listed" in listed.output and outcome.parent_id in listed.output and "1 FINISHED" in listed.output
+
+
+def test_each_run_keeps_its_own_report_and_runs_shows_its_settings(fault_engine: Path, results_dir: Path,
+                                                                  tmp_path: Path) -> None:  # fmt: skip
+    """A run with an override and --no-report, then a plain run: each has its own report folder (the first once
+    `crossrl report --run` renders it), the scenario's folder keeps the newest run's, and `crossrl runs` tells the
+    override apart from the spec as written."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from crossrl.cli import app
+    from crossrl.reports.runs import past_runs
+
+    spec = tmp_path / "own.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "own", "env": {"id": "CartPole-v1"}, "algorithm": {"name": "ppo"}, "engines": ["fault"],
+        "budget": {"env_steps": 300, "wall_seconds": 60}, "seeds": [0],
+    }))  # fmt: skip
+    cli, where = CliRunner(), ["--results-dir", str(results_dir)]
+    first = cli.invoke(app, ["run", str(spec), "--set", "algorithm.hyperparams.lr=0.001", "--no-report", *where])
+    assert first.exit_code == 0, first.output
+    second = cli.invoke(app, ["run", str(spec), *where])
+    assert second.exit_code == 0, second.output
+    store = ResultsStore(None, results_dir=results_dir)
+    new, old = (str(r.info.run_id) for r in store.parent_runs("own"))
+    folder = results_dir / "reports" / "own"
+    assert (folder / new / "report.html").is_file() and not (folder / old).exists()
+    assert (folder / "report.html").read_bytes() == (folder / new / "report.html").read_bytes()  # the newest's
+    listed = cli.invoke(app, ["runs", *where], env={"COLUMNS": "400"})
+    assert listed.exit_code == 0 and "algorithm.hyperparams.lr=0.001" in listed.output, listed.output
+    rows = {r["parent run"]: r for r in past_runs(store, scenario="own").to_dict("records")}
+    assert rows[old]["settings"] == "algorithm.hyperparams.lr=0.001" and rows[old]["report"] == "-"  # none yet
+    assert rows[new]["settings"] == "the spec as written" and rows[new]["report"] == str(folder / new / "report.html")
+    rendered = cli.invoke(app, ["report", "--run", old, *where])
+    assert rendered.exit_code == 0, rendered.output
+    assert (folder / old / "report.html").is_file()
+    assert (folder / "report.html").read_bytes() == (folder / new / "report.html").read_bytes()  # still the newest's
