@@ -88,7 +88,8 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None) -> list[Table
             "Interquartile mean over seeds of each trial's final return; stratified bootstrap CI.",
         )
     ]
-    if not st.return_at_wall.empty:
+    if int((st.return_at_wall["n_seeds"] > 0).sum() if not st.return_at_wall.empty else 0) >= 2:
+        # a comparison at equal training time needs two engines with a seed in it; otherwise it shows nothing
         horizon = float(st.return_at_wall["wall_s"].iloc[0])
         tables.append(
             Table(

@@ -397,6 +397,13 @@ def markdown(data: TunedData, *, rng: np.random.Generator | None = None, figures
     return "\n".join(lines) + "\n"
 
 
+def _p_cell(p: float, lo: float, hi: float, row: Any) -> str:
+    """A probability of improvement with its CI; "no conclusion" from a single seed on either side."""
+    if min(int(row.shared_n or 0), int(row.tuned_n or 0)) < 2:
+        return "no conclusion (one seed)"
+    return f"{_f(p, '.2f')} [{_f(lo, '.2f')}, {_f(hi, '.2f')}]"
+
+
 def _verdict_sections(data: TunedData, *, rng: np.random.Generator, by_steps: bool) -> list[str]:
     """The tables on the test seeds: own setting against tuned (and env steps to the target under a steps search),
     then the engines against each other at their tuned best."""
@@ -413,7 +420,7 @@ def _verdict_sections(data: TunedData, *, rng: np.random.Generator, by_steps: bo
     for r in v.itertuples():
         lines.append(
             f"| {r.engine} | {_ci(r.shared_iqm, r.shared_lo, r.shared_hi, r.shared_n)} | "
-            f"{_ci(r.tuned_iqm, r.tuned_lo, r.tuned_hi, r.tuned_n)} | {_ci(r.p_tuned_better, r.p_lo, r.p_hi, 1, '.2f').removesuffix(' (n=1)')} | "
+            f"{_ci(r.tuned_iqm, r.tuned_lo, r.tuned_hi, r.tuned_n)} | {_p_cell(r.p_tuned_better, r.p_lo, r.p_hi, r)} | "
             f"{r.shared_reached}/{r.shared_n}, {_f(r.shared_steps_median, ',.0f')} | "
             f"{r.tuned_reached}/{r.tuned_n}, {_f(r.tuned_steps_median, ',.0f')} |"
         )
@@ -432,7 +439,7 @@ def _verdict_sections(data: TunedData, *, rng: np.random.Generator, by_steps: bo
         lines += [
             f"| {r.engine} | {_ci(r.shared_steps_iqm, r.shared_steps_lo, r.shared_steps_hi, r.shared_n, ',.0f')} | "
             f"{_ci(r.tuned_steps_iqm, r.tuned_steps_lo, r.tuned_steps_hi, r.tuned_n, ',.0f')} | "
-            f"{_f(r.p_fewer_steps, '.2f')} [{_f(r.p_fewer_lo, '.2f')}, {_f(r.p_fewer_hi, '.2f')}] |"
+            f"{_p_cell(r.p_fewer_steps, r.p_fewer_lo, r.p_fewer_hi, r)} |"
             for r in v.itertuples()
         ]
     pairs = improvement_between_engines(data, rng=rng)

@@ -173,3 +173,12 @@ def test_the_report_draws_the_sensitivity_and_the_pbt_population() -> None:
     data.tested = pd.DataFrame()  # `crossrl tune --no-test`: the searches' tables and figures alone
     md = markdown(data, figures={"tuned-pbt.svg": "the population"})
     assert "no test-seed runs" in md and "Own setting against tuned" not in md and "## Sensitivity" in md
+
+
+def test_one_test_seed_gives_no_conclusion_not_a_probability() -> None:
+    data = _data()
+    data.tested = data.tested[data.tested["seed"] == 0]
+    md = markdown(data)
+    [row] = [line for line in md.splitlines() if line.startswith("| rllib | ") and "no conclusion" in line]
+    assert "no conclusion (one seed)" in row and "0.00" not in row and "1.00" not in row
+    assert "| crossrl | " in markdown(_data()) and "no conclusion" not in markdown(_data())  # five seeds: a figure

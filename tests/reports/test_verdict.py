@@ -110,3 +110,15 @@ def test_printed_numbers_never_read_minus_zero_and_a_greater_than_sign_stays_as_
 
     assert _num(-0.04) == "0.0" and _num(-0.06) == "-0.1" and _num(3.14159) == "3.1"
     assert md_cell("P(crossrl > rllib) = 0.9, <no async>") == "P(crossrl > rllib) = 0.9, &lt;no async>"
+
+
+def test_the_return_at_equal_training_time_needs_two_engines_with_a_seed_in_it(
+    tmp_path: Path, make_frames: Any
+) -> None:
+    trials, points, meta = make_frames(n_points=12, workers=(1,), seeds=(0, 1), failures=False)
+    md = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path / "all").markdown.read_text()
+    assert "## Return after" in md
+    one = trials["engine"] == "crossrl"
+    trials.loc[~one, "status"] = "FAILED"  # two of the three engines have no seed in it
+    md = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path / "one").markdown.read_text()
+    assert "## Return after" not in md
