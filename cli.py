@@ -276,8 +276,12 @@ def init(
     if problem:
         _fail([problem])
     name = re.sub(r"[^A-Za-z0-9_.-]", "-", path.stem).strip("-.") or "my-scenario"
+    from crossrl.adapters.registry import engines as registered
+    from crossrl.scenarios.catalog import ENGINES
+
+    runs = [e for e in ENGINES if registered()[e].reason_unsupported(algorithm) is None]  # validate would refuse others
     try:
-        text = spec_template(name=name, env_id=env, algorithm=algorithm, path=str(path))
+        text = spec_template(name=name, env_id=env, algorithm=algorithm, path=str(path), engines=runs)
     except ValueError as e:
         _fail([f"--algorithm: {e}" if "algorithm" in str(e) else str(e)])
     try:
@@ -285,7 +289,9 @@ def init(
     except OSError as e:
         _fail([f"{path}: cannot write it ({e.strerror or e})"])
     typer.echo(
-        f"wrote {path}: {algorithm} on {env}, every engine; next: crossrl validate {path}, then crossrl run {path}"
+        f"wrote {path}: {algorithm} on {env}, "
+        + ("every engine" if len(runs) == len(ENGINES) else f"{', '.join(runs)} (the engines that run {algorithm})")
+        + f"; next: crossrl validate {path}, then crossrl run {path}"
     )
 
 

@@ -8,6 +8,7 @@ value that will run. It loads as it is (``tests/unit/test_template.py`` validate
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 import yaml
 
@@ -61,8 +62,11 @@ seeds: [0, 1, 2]             # one set of trials per seed; three or more for a v
 """
 
 
-def spec_template(*, name: str, env_id: str, algorithm: str = "ppo", path: str = "spec.yaml") -> str:
-    """The commented spec for ``env_id`` and ``algorithm``; ValueError for an unknown algorithm or a bad name."""
+def spec_template(
+    *, name: str, env_id: str, algorithm: str = "ppo", path: str = "spec.yaml", engines: Sequence[str] = ENGINES
+) -> str:
+    """The commented spec for ``env_id`` and ``algorithm`` on ``engines`` (those that run it); ValueError for an
+    unknown algorithm or a bad name."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
@@ -75,6 +79,6 @@ def spec_template(*, name: str, env_id: str, algorithm: str = "ppo", path: str =
         algorithm=algorithm,
         algorithms=", ".join(ALGORITHMS),
         hyperparams="\n".join(f"    {line}" for line in lines),
-        engines=", ".join(ENGINES),
+        engines=", ".join(engines),
         path=path,
     )

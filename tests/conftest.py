@@ -19,6 +19,27 @@ os.environ["DO_NOT_TRACK"] = "1"
 os.environ.pop("MLFLOW_TRACKING_URI", None)
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` deselected what this session does not run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``long`` (a minute or more on two cores; ``long(minutes)`` for the longest) go first, the longest
+    first, alternately at the head of each half of the list: pytest-xdist's worksteal gives each of `make test`'s two
+    workers a contiguous half and lets the idle one steal from the other's tail, so the long ones start at once on
+    both workers instead of one worker running a five-minute search alone at the end."""
+
+    def minutes(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("long")
+        return float(mark.args[0]) if mark is not None and mark.args else 1.0
+
+    long = sorted((item for item in items if item.get_closest_marker("long")), key=minutes, reverse=True)
+    if not long:
+        return
+    short = [item for item in items if not item.get_closest_marker("long")]
+    first, second = long[0::2], long[1::2]
+    half = max(len(first), len(items) // 2)
+    cut = half - len(first)
+    items[:] = first + short[:cut] + second + short[cut:]
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The temp HOME goes with the session (Ray and MLflow clients have stopped by now)."""
     shutil.rmtree(_HOME, ignore_errors=True)

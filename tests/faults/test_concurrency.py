@@ -15,6 +15,7 @@ RUNS = 3
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_runs_started_together_on_a_fresh_store_all_finish(tmp_path: Path) -> None:
     results = tmp_path / "fresh"  # not even the folder exists yet
     cmd = [

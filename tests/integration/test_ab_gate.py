@@ -28,6 +28,7 @@ def ab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.long
 def test_a_planted_slowdown_is_a_regression(tmp_path: Path) -> None:
     done = ab("--plant-slowdown", "0.5", "--junit", "ab.xml", "--json", "ab.json", cwd=tmp_path)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
@@ -45,6 +46,7 @@ def test_a_planted_slowdown_is_a_regression(tmp_path: Path) -> None:
     assert "experiment bench-ab" in done.stdout  # logged to the store
 
 
+@pytest.mark.long
 def test_the_same_code_is_no_regression(tmp_path: Path) -> None:
     # two pairs from one pair of measurement processes (the second draw reuses them) carry the processes' own
     # offset: the same code once read 0.885 [0.881, 0.889] in CI with other tests beside it (fresh-process pair SD
@@ -88,6 +90,7 @@ def commit_without_redraws(repo: Path, scratch: Path) -> str:
     return git("commit-tree", tree, "-p", "HEAD", "-m", "crossrl test: a measurement server without redraws")
 
 
+@pytest.mark.long
 def test_a_base_from_before_redraws_gets_fresh_processes_for_every_draw(tmp_path: Path) -> None:
     """A base whose measurement server cannot replace its actors (one from before redraws) still runs: each
     draw is a fresh pair of measurement processes, as before."""

@@ -82,6 +82,7 @@ def _past_a_decision(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.mark.usefixtures("ray_cluster")
+@pytest.mark.long
 def test_every_member_stops_at_every_decision_point(tmp_path: Path) -> None:
     reports = _run(tmp_path)
     assert sorted((r["member"], r["step"]) for r in reports) == sorted((m, s) for m, ss in STEPS.items() for s in ss)

@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 SUPPORT = Path(__file__).parents[1] / "support"
 
 
+@pytest.mark.long
 def test_every_engine_reports_raw_scores_while_learning_on_clipped_rewards(
     results_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
