@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -122,3 +123,21 @@ def test_the_return_at_equal_training_time_needs_two_engines_with_a_seed_in_it(
     trials.loc[~one, "status"] = "FAILED"  # two of the three engines have no seed in it
     md = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path / "one").markdown.read_text()
     assert "## Return after" not in md
+
+
+def test_an_engine_with_no_seed_at_equal_training_time_is_named_with_its_worker_count_in_words() -> None:
+    import pandas as pd
+
+    from crossrl.reports.verdict import missing_at_wall
+
+    st: Any = SimpleNamespace(
+        return_at_wall=pd.DataFrame(
+            [{"engine": "rllib", "workers": 1, "n_seeds": 0}, {"engine": "torchrl", "workers": 2, "n_seeds": 0}]
+        )  # fmt: skip
+    )
+    trials = pd.DataFrame([{"engine": "rllib", "workers": 1, "status": "FAILED"},
+                           {"engine": "torchrl", "workers": 2, "status": "FAILED"}])  # fmt: skip
+    assert missing_at_wall(st, trials) == [
+        "rllib (1 worker): no seed: its trials ended FAILED",
+        "torchrl (2 workers): no seed: its trials ended FAILED",
+    ]
