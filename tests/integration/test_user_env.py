@@ -99,10 +99,11 @@ def test_a_run_on_the_users_env_trains_on_every_engine_and_evaluate_elsewhere_sa
     assert _crossrl("init", "reach.yaml", "--env", "reach:Reach-v0", cwd=user_folder).returncode == 0
     results = user_folder / "results"
     args = ["--seeds", "0", "--workers", "1", "--steps", "400", "--results-dir", str(results)]
-    run = _crossrl("run", "reach.yaml", *args, "--no-report", "--set", "algorithm.hyperparams.train_batch=256",
+    run = _crossrl("run", "reach.yaml", *args, "--set", "algorithm.hyperparams.train_batch=256",
                    "--set", "algorithm.hyperparams.minibatch=128", cwd=user_folder, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.stdout.count("FINISHED") >= 3, run.stdout[-3000:]
+    assert (results / "reports" / "reach" / "report.html").is_file()  # the newcomer's walk reaches a report
     elsewhere = _crossrl("evaluate", "reach", "--episodes", "2", "--results-dir", str(results), cwd=user_folder.parent)
     lines = elsewhere.stderr.strip().splitlines()
     assert elsewhere.returncode == 2 and "Traceback" not in elsewhere.stderr, elsewhere.stderr[-3000:]
