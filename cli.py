@@ -496,10 +496,12 @@ def run(
 
     overrides = _overrides(engines_, workers, seeds, steps, sets)
     scenario, path = _load(spec, overrides)
+    store = None  # opened once a run is sure to start (bad input stores nothing), or at once to resume one
     if resume is not None:  # finish what that run set out to do: its own spec, overrides and selection
-        scenario = _spec_to_resume(scenario, path, overrides, resume, _store_or_fail(tracking_uri, results_dir))
+        store = _store_or_fail(tracking_uri, results_dir)
+        scenario = _spec_to_resume(scenario, path, overrides, resume, store)
     refused = _refused(scenario.trials(), label=path.name, skip_unsupported=skip_unsupported, what="crossrl run")
-    store = _store_or_fail(tracking_uri, results_dir)
+    store = store or _store_or_fail(tracking_uri, results_dir)
     display = RunDisplay(_console(), scenario)
     try:
         with stop_on_signals(), display:  # SIGTERM and SIGHUP stop the run as Ctrl-C does
