@@ -48,7 +48,7 @@ class TrainingDiverged(RuntimeError):
 
 
 _DIVERGED_BY = {
-    name.rpartition(".")[2] for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.DIAG_GRAD_NORM)
+    name.rpartition(".")[2] for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.DIAG_GRAD_NORM, M.DIAG_Q_MEAN)
 }  # also a multi-agent trial's policy.<id>.<name>
 
 

@@ -69,6 +69,7 @@ BUILTIN: dict[str, EngineInfo] = {
             "impala": "async_samples + V-trace (or sync_samples)",
             "dqn": "sync_replay, uniform or prioritized (or async_replay)",
             "apex": "async_replay: replay shard actors, per-worker epsilons (or sync_replay)",
+            "sac": "sync_replay: twin Q critics, Polyak targets, learned temperature (or async_replay, uniform shards)",
         },
         multi_agent={
             "ppo": "sync_samples: a policy map in every evaluator, one sample batch per policy (IPPO)",

@@ -130,6 +130,9 @@ class ActorCriticPolicy(Policy):
     def optimizer(self) -> torch.optim.Optimizer:
         return self._build_torch()[2]
 
+    def learning_rate(self) -> float:
+        return float(self.hp["lr"])
+
     # -- acting ------------------------------------------------------------------------------------
     def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         out, log_std = self._outputs(obs)

@@ -99,9 +99,28 @@ def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:
         env = guard(gym.make(spec.id, **kwargs), spec)
         if kind == "minatar":
             env = MinAtarFrames(env)
+    if spec.actions == "unit":
+        env = unit_actions(env, spec.id)
     if spec.step_latency_ms > 0:
         env = StepLatency(env, spec.step_latency_ms)
     return env
+
+
+def unit_actions(env: gym.Env, env_id: str) -> gym.Env:
+    """``env`` with its Box actions rescaled to [-1, 1] (gymnasium's RescaleAction: ``low + (a + 1) (high - low) / 2``);
+    an env already in [-1, 1], or with other actions, as it is. Unbounded actions cannot be rescaled: a ValueError
+    naming them."""
+    space = env.action_space
+    if not isinstance(space, gym.spaces.Box):
+        return env
+    if not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
+        raise ValueError(
+            f"{env_id}: its actions {space} are unbounded; env.actions 'unit' rescales bounded actions to [-1, 1] "
+            "(wrap the env with finite bounds, or set env.actions: env)"
+        )
+    if np.all(space.low == -1.0) and np.all(space.high == 1.0):
+        return env
+    return gym.wrappers.RescaleAction(env, np.float32(-1.0), np.float32(1.0))
 
 
 class ParallelStepLatency(BaseParallelWrapper):  # type: ignore[misc]
@@ -136,8 +155,8 @@ def agent_spaces(env: Any) -> dict[str, tuple[gym.Space, gym.Space]]:
 
 def native_vector(spec: EnvSpec) -> bool:
     """Whether crossrl steps the env's own vector class (:func:`make_vector_env`)."""
-    if spec.step_latency_ms > 0 or spec.resolved_preprocessing != "none":
-        return False  # ale-py's AtariVectorEnv, for one, would skip crossrl's preprocessing
+    if spec.step_latency_ms > 0 or spec.resolved_preprocessing != "none" or spec.actions == "unit":
+        return False  # ale-py's AtariVectorEnv, for one, would skip crossrl's preprocessing (and any, RescaleAction)
     return registered_spec(spec.id).vector_entry_point is not None
 
 

@@ -215,6 +215,10 @@ class PolicyEvaluator:
     def get_weights(self) -> dict[str, np.ndarray]:
         return self.policy.get_weights()
 
+    def acting_weights(self) -> dict[str, np.ndarray]:
+        """What a sampling copy of this evaluator needs to act (:meth:`~crossrl.core.policy.Policy.acting_weights`)."""
+        return self.policy.acting_weights()
+
     def set_weights(self, weights: dict[str, np.ndarray] | bytes, version: int | None = None) -> None:
         self.policy.set_weights(pickle.loads(weights) if isinstance(weights, bytes) else weights)
         if version is not None:
@@ -372,7 +376,7 @@ class EvaluatorSet:
         here, 36 KiB inline ~0.1 ms.
         """
         self.weights_version += 1
-        weights = self.local.get_weights()
+        weights = self.local.acting_weights()
         if with_next_sample:
             self._pending_weights = self.payload(weights)
             return self._pending_weights
@@ -406,7 +410,7 @@ class EvaluatorSet:
         self.worker_restarts += 1
         self._fresh[i] = True
         actor = self._make(i)
-        actor.set_weights.remote(ray.put(self.local.get_weights()), self.weights_version)
+        actor.set_weights.remote(ray.put(self.local.acting_weights()), self.weights_version)
         self.remotes[i] = actor
         if self._hub is not None:
             self._hub.forget(i)

@@ -58,6 +58,9 @@ class PolicyMap:
     def get_weights(self) -> dict[str, np.ndarray]:
         return {f"{pid}{SEP}{k}": v for pid, p in self.policies.items() for k, v in p.get_weights().items()}
 
+    def acting_weights(self) -> dict[str, np.ndarray]:
+        return {f"{pid}{SEP}{k}": v for pid, p in self.policies.items() for k, v in p.acting_weights().items()}
+
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         for pid, part in split(weights).items():
             self.policies[pid].set_weights(part)

@@ -82,6 +82,11 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None: ...
 
+    def acting_weights(self) -> dict[str, np.ndarray]:
+        """The weights a sampling evaluator needs to act (what :class:`~crossrl.core.evaluator.EvaluatorSet` sends
+        it): all of :meth:`get_weights` by default; SAC's actor alone (its critics learn on the driver only)."""
+        return self.get_weights()
+
     def set_epsilon(self, epsilon: float) -> None:
         """Exploration hook for epsilon-greedy policies; a no-op for stochastic ones."""
 
@@ -96,6 +101,11 @@ class Policy(abc.ABC):
             "epsilon": getattr(self, "epsilon", None),
         }
 
+    def learning_rate(self) -> float:
+        """The learning rate of the policy's one torch optimizer (its hyperparameters'), which a restored optimizer
+        continues with; a policy with several optimizers (SAC) restores them itself (its own :meth:`set_state`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no single learning rate")
+
     def set_state(self, state: Mapping[str, Any]) -> None:
         """Back to :meth:`get_state`'s state; the learning rate is then the one in this policy's hyperparameters
         (a resumed or perturbed trial's own, not the saved one)."""
@@ -104,7 +114,7 @@ class Policy(abc.ABC):
         if optimizer is not None and state.get("optimizer") is not None:
             optimizer.load_state_dict(state["optimizer"])
             for group in optimizer.param_groups:
-                group["lr"] = float(self.hp["lr"])
+                group["lr"] = self.learning_rate()
         self.rng.bit_generator.state = state["rng"]
         if state.get("epsilon") is not None:
             self.set_epsilon(float(state["epsilon"]))

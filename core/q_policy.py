@@ -73,8 +73,17 @@ class QPolicy(Policy):
         self.n_step = int(self.hp["n_step"])
         self.double_q = bool(self.hp["double_q"])
         self.epsilon = float(self.hp["epsilon_initial"])
+        # how the replay optimizers replay it (crossrl.core.optimizers.sync_replay.ReplayPolicy)
+        self.replay_ratio = float(self.hp["replay_ratio"])
+        self.target_update: int | None = int(self.hp["target_update"])
+        self.prioritized = bool(self.hp["prioritized_replay"])
+        self.priority_alpha = float(self.hp["priority_alpha"])
+        self.priority_beta = float(self.hp["priority_beta"])
         self._np_q: list[NpLayer] | None = None  # numpy copies for acting and priorities, dropped on change
         self._np_target: list[NpLayer] | None = None
+
+    def learning_rate(self) -> float:
+        return float(self.hp["lr"])
 
     # -- acting ------------------------------------------------------------------------------------
     def set_epsilon(self, epsilon: float) -> None:
@@ -82,6 +91,15 @@ class QPolicy(Policy):
         if not 0.0 <= epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {epsilon}")
         self.epsilon = float(epsilon)
+
+    def exploration_epsilon(self, env_steps: int) -> float:
+        """The epsilon of the linear schedule after ``env_steps`` env steps sampled."""
+        return linear_epsilon(
+            env_steps=env_steps,
+            initial=float(self.hp["epsilon_initial"]),
+            final=float(self.hp["epsilon_final"]),
+            timesteps=int(self.hp["epsilon_timesteps"]),
+        )
 
     def q_values(self, obs: np.ndarray, *, target: bool = False) -> np.ndarray:
         """Q(obs, .) for ``obs[B, ...]`` -> ``[B, num_actions]`` (float32), in numpy for an MLP (no torch dispatch

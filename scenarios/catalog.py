@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Literal, get_args
 
-AlgorithmName = Literal["ppo", "a2c", "a3c", "impala", "dqn", "apex"]
+AlgorithmName = Literal["ppo", "a2c", "a3c", "impala", "dqn", "apex", "sac"]
 ALGORITHMS: Final[tuple[str, ...]] = get_args(AlgorithmName)
 
 # The built-in engines, in the order reports show them (the adapters' registry describes each).
@@ -21,8 +21,8 @@ OPTIMIZERS: Final = {
     "sync_samples": "synchronous sampling: broadcast weights, gather samples, SGD on the driver",
     "async_gradients": "asynchronous gradients (A3C): workers compute gradients, the driver applies each",
     "async_samples": "asynchronous sampling (IMPALA): stale-weight samples, learner thread, V-trace",
-    "sync_replay": "synchronous replay (DQN): replay buffer on the driver, target network",
-    "async_replay": "distributed prioritized replay (Ape-X): replay shard actors, learner thread",
+    "sync_replay": "synchronous replay (DQN, SAC): replay buffer on the driver, target networks",
+    "async_replay": "distributed replay (Ape-X): replay shard actors, learner thread (prioritized for DQN)",
 }
 
 DEFAULT_OPTIMIZER: Final = {
@@ -32,6 +32,7 @@ DEFAULT_OPTIMIZER: Final = {
     "impala": "async_samples",
     "dqn": "sync_replay",
     "apex": "async_replay",
+    "sac": "sync_replay",
 }
 
 VALID_OPTIMIZERS: Final = {
@@ -41,6 +42,7 @@ VALID_OPTIMIZERS: Final = {
     "impala": ("async_samples", "sync_samples"),
     "dqn": ("sync_replay", "async_replay"),
     "apex": ("async_replay", "sync_replay"),
+    "sac": ("sync_replay", "async_replay"),
 }
 
 # Hyperparameter defaults per algorithm, filled in where a spec is silent. Names are crossrl's
@@ -75,6 +77,25 @@ _REPLAY: dict[str, Any] = {
     "priority_beta": 0.4,
 }
 
+# Soft actor-critic (Haarnoja et al. 2018, the automatic-temperature version), at CleanRL's MuJoCo settings
+# (sac_continuous_action.py): one gradient update per env step on batches of 256, the temperature learned toward
+# -|A| nats, a uniformly random policy for the first learning_starts env steps.
+_SAC: dict[str, Any] = {
+    "actor_lr": 3.0e-4,
+    "critic_lr": 1.0e-3,
+    "alpha_lr": 1.0e-3,
+    "gamma": 0.99,
+    "tau": 0.005,
+    "train_batch": 256,
+    "buffer_size": 1_000_000,
+    "learning_starts": 5_000,
+    "updates_per_step": 1.0,
+    "n_step": 1,
+    "target_entropy": "auto",
+    "initial_alpha": 1.0,
+    "rollout_fragment": 1,
+}
+
 HYPERPARAM_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
     "ppo": {**_ON_POLICY, "clip": 0.2, "train_batch": 4000, "minibatch": 128, "epochs": 10, "vf_clip": 10.0},
     "a2c": {**_ON_POLICY, "lr": 7.0e-4, "gae_lambda": 1.0, "train_batch": 500, "entropy_coeff": 0.01},
@@ -91,6 +112,7 @@ HYPERPARAM_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
     },
     "dqn": dict(_REPLAY),
     "apex": {**_REPLAY, "n_step": 3, "prioritized_replay": True, "num_replay_shards": 2, "learning_starts": 2_000},
+    "sac": dict(_SAC),
 }
 
 # What crossrl's core needs beyond the shared defaults: settings with no shared name (nothing to map on
@@ -127,6 +149,15 @@ CROSSRL_SETTINGS: Final[dict[str, dict[str, Any]]] = {
     # one replay shard when a dqn spec runs under async_replay (apex's shared defaults set num_replay_shards)
     "dqn": {**_CROSSRL_REPLAY, "num_replay_shards": 1},
     "apex": {**_CROSSRL_REPLAY, "max_replay_lag": 2_000},
+    # SAC: Adam's default eps (as CleanRL, RLlib and TorchRL use it); the policy's log std clamped to
+    # [log_std_min, log_std_max] (RLlib's and SB3's bounds); one replay shard under async_replay, uniform sampling.
+    "sac": {
+        **_CROSSRL_REPLAY,
+        "log_std_min": -20.0,
+        "log_std_max": 2.0,
+        "num_replay_shards": 1,
+        "max_replay_lag": 4_096,  # transitions trained (16 updates of 256) behind replay_ratio
+    },
 }
 
 # The suite's standard conv models per pixel preprocessing (EnvSpec.resolved_preprocessing), as ModelSpec

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from crossrl.scenarios.catalog import ALGORITHMS, CROSSRL_SETTINGS, DEFAULT_OPTIMIZER, HYPERPARAM_DEFAULTS
@@ -174,8 +175,19 @@ def space_problems(env: EnvSpec, algorithm: AlgorithmSpec, spaces: EnvSpaces) ->
         if algorithm.name in ("dqn", "apex") and not isinstance(act, gs.Discrete):
             lines.append(
                 f"algorithm.name: {algorithm.name} needs discrete actions (one Q-value per action), but {env.id}{who} "
-                f"has {act}; use ppo, a2c, a3c or impala (they take continuous actions too), or an env with discrete "
-                "actions"
+                f"has {act}; use sac (continuous actions), ppo, a2c, a3c or impala (they take continuous actions too), "
+                "or an env with discrete actions"
+            )
+        elif algorithm.name == "sac" and not isinstance(act, gs.Box):
+            lines.append(
+                f"algorithm.name: sac needs continuous (Box) actions (a squashed Gaussian policy), but {env.id}{who} "
+                f"has {act}; use dqn, ppo, a2c, a3c or impala for discrete actions, or an env with continuous actions "
+                "(e.g. Pendulum-v1, HalfCheetah-v5)"
+            )
+        elif algorithm.name == "sac" and not (np.all(np.isfinite(act.low)) and np.all(np.isfinite(act.high))):
+            lines.append(
+                f"algorithm.name: sac squashes its actions into the env's bounds, but {env.id}{who} has unbounded "
+                f"actions {act}; wrap the env with finite bounds, or use ppo"
             )
         elif not isinstance(act, gs.Discrete | gs.Box):
             lines.append(
@@ -183,7 +195,9 @@ def space_problems(env: EnvSpec, algorithm: AlgorithmSpec, spaces: EnvSpaces) ->
                 "continuous (Box) actions"
             )
         conv = algorithm.model.conv
-        if conv and isinstance(obs, gs.Box):
+        if conv and algorithm.name == "sac":
+            lines.append("algorithm.model.conv: sac runs MLP models only on every engine; remove conv")
+        elif conv and isinstance(obs, gs.Box):
             if len(obs.shape) != 3:
                 lines.append(
                     f"algorithm.model.conv: a conv stack needs image observations [H, W, C], but {env.id}{who} gives "

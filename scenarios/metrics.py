@@ -55,6 +55,10 @@ DIAG_POLICY_LAG: Final = "diag.policy_lag"  # asynchronous engines: learner upda
 DIAG_EPSILON: Final = "diag.epsilon"  # DQN: exploration epsilon at the point
 DIAG_REPLAY_SIZE: Final = "diag.replay_size"  # replay algorithms: transitions held in replay
 DIAG_GRAD_NORM: Final = "diag.grad_norm"  # global gradient norm before clipping, mean over the point's updates
+DIAG_Q_MEAN: Final = "diag.q_mean"  # SAC: mean Q value of the replayed (state, action) pairs, first critic
+DIAG_ALPHA: Final = "diag.alpha"  # SAC: the entropy temperature
+DIAG_ALPHA_LOSS: Final = "diag.alpha_loss"  # SAC: the temperature's loss
+DIAG_UPDATES: Final = "diag.updates"  # replay algorithms: gradient updates, cumulative
 
 
 # Multi-agent envs: ``episode_return_mean`` is the team return (the sum of every agent's return per episode);

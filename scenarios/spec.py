@@ -121,6 +121,15 @@ class EnvSpec(BaseModel):
             "Single-agent envs only"
         ),
     )
+    actions: Literal["unit", "env"] | None = Field(
+        default=None,
+        description=(
+            "continuous (Box) actions as every engine's policy sees them: 'unit' rescales them to [-1, 1] "
+            "(gymnasium's RescaleAction: one affine map to the env's bounds, the same on every engine, so that a "
+            "tanh-squashed policy covers them exactly); 'env': the env's own bounds (an action outside them is "
+            "clipped). null (the default): 'unit' for sac, else 'env'"
+        ),
+    )
     step_latency_ms: float = Field(
         default=0.0, ge=0, le=10_000, description="wall time added per env step (sleep: costs time, not CPU)"
     )
@@ -366,6 +375,17 @@ class Hyperparams(BaseModel):
     num_replay_shards: int | None = Field(default=None, ge=1)
     vtrace_clip_rho: float | None = Field(default=None, gt=0)
     vtrace_clip_c: float | None = Field(default=None, gt=0)
+    actor_lr: float | None = Field(default=None, gt=0, description="SAC: the policy's learning rate")
+    critic_lr: float | None = Field(default=None, gt=0, description="SAC: the Q networks' learning rate")
+    alpha_lr: float | None = Field(default=None, gt=0, description="SAC: the entropy temperature's learning rate")
+    tau: float | None = Field(default=None, gt=0, le=1, description="SAC: Polyak step of the target Q networks")
+    updates_per_step: float | None = Field(
+        default=None, gt=0, description="SAC: gradient updates per env step (each on a train_batch replay batch)"
+    )
+    target_entropy: float | Literal["auto"] | None = Field(
+        default=None, description="SAC: the policy entropy the temperature is learned toward; 'auto': -(action dims)"
+    )
+    initial_alpha: float | None = Field(default=None, gt=0, description="SAC: the entropy temperature at the start")
 
 
 class AlgorithmSpec(BaseModel):
@@ -821,6 +841,11 @@ class ScenarioSpec(BaseModel):
         data["env"].pop("reward_clip")
         if self.env.resolved_reward_clip:
             data["env"]["reward_clip"] = True
+        # The action scale likewise as resolved (sac: 'unit'), left out at 'env' (every run before it).
+        data["env"].pop("actions")
+        actions = self.env.actions or ("unit" if self.algorithm.name == "sac" else "env")
+        if actions != "env":
+            data["env"]["actions"] = actions
         if not self.algorithm.model.conv:
             data["algorithm"]["model"].pop("conv")
         return data
@@ -1010,6 +1035,20 @@ class Trial(BaseModel):
     # Population Based Training's exploit: resume_from is another trial's checkpoint; the trial keeps its own random
     # streams (seeded from its seed and the checkpoint's env step) instead of taking the other trial's.
     resume_copy: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_actions(cls, data: Any) -> Any:
+        """``env.actions`` left null becomes the algorithm's choice ('unit' for sac: a tanh-squashed policy), so
+        that every process building the trial's env (``make_env(trial.env)``) builds the same one."""
+        if not isinstance(data, dict) or data.get("algorithm") != "sac":
+            return data
+        env = data.get("env")
+        if isinstance(env, EnvSpec) and env.actions is None:
+            return {**data, "env": env.model_copy(update={"actions": "unit"})}
+        if isinstance(env, dict) and env.get("actions") is None:
+            return {**data, "env": {**env, "actions": "unit"}}
+        return data
 
     @property
     def name(self) -> str:

@@ -1,4 +1,4 @@
-"""Asynchronous distributed prioritized replay (Ape-X, Horgan et al. 2018).
+"""Asynchronous distributed prioritized replay (Ape-X, Horgan et al. 2018), for DQN and, with uniform replay, SAC.
 
 - Replay shards are Ray actors (:class:`ReplayShard`, ``num_replay_shards`` of them, ``buffer_size``
   split evenly), each a :class:`~crossrl.core.replay.PrioritizedReplayBuffer`.
@@ -12,7 +12,12 @@
 - The driver loop (``step()``) keeps one sample task in flight per evaluator; when one returns it
   sends that evaluator the latest weights if it has older ones, then relaunches it.
 
-The learner trains at most ``replay_ratio`` transitions per transition sampled (after
+SAC runs the same way with uniform (unprioritized) shards: its evaluators act uniformly at random until
+``learning_starts`` env steps were sampled, then with their copy of the policy (no per-worker epsilons), and its
+target critics follow by Polyak averaging inside each update (no ``target_update``).
+
+The learner trains at most ``replay_ratio`` transitions per transition sampled (SAC: ``updates_per_step`` x
+``train_batch``; after
 ``learning_starts``). On a small machine the learner can also fall behind; then the driver holds
 new sample tasks back while the learner is more than ``max_replay_lag`` transitions short, so that
 sample efficiency does not depend on how the cores happen to be shared (``max_replay_lag: None``
@@ -37,9 +42,10 @@ from crossrl.core import sample_batch as sb
 from crossrl.core.evaluator import EvaluatorSet, PolicyEvaluator
 from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
-from crossrl.core.optimizers.sync_replay import replay_columns
+from crossrl.core.optimizers.sync_replay import ReplayPolicy, replay_columns
 from crossrl.core.q_policy import QPolicy, apex_epsilons
-from crossrl.core.replay import PrioritizedReplayBuffer
+from crossrl.core.replay import PrioritizedReplayBuffer, ReplayBuffer
+from crossrl.core.sac_policy import SACPolicy
 from crossrl.core.sample_batch import SampleBatch
 from crossrl.scenarios import metrics as M
 
@@ -49,21 +55,33 @@ Replayed = tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]
 
 
 class ReplayShard:
-    """One prioritized replay shard, run as a Ray actor (no CPU reserved: it mostly waits)."""
+    """One replay shard, run as a Ray actor (no CPU reserved: it mostly waits): prioritized (``alpha`` given) or
+    uniform (``alpha`` None)."""
 
-    def __init__(self, *, capacity: int, alpha: float, seed: int) -> None:
-        self.buffer = PrioritizedReplayBuffer(capacity, alpha=alpha, rng=np.random.default_rng(seed))
+    def __init__(self, *, capacity: int, alpha: float | None, seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        self.buffer: ReplayBuffer = (
+            ReplayBuffer(capacity, rng=rng)
+            if alpha is None
+            else PrioritizedReplayBuffer(capacity, alpha=alpha, rng=rng)
+        )
 
     def add(self, columns: dict[str, np.ndarray], priorities: np.ndarray | None) -> int:
         """Store transitions with their worker-computed priorities; returns the shard's size."""
-        self.buffer.add(columns, priorities=priorities)
+        if isinstance(self.buffer, PrioritizedReplayBuffer):
+            self.buffer.add(columns, priorities=priorities)
+        else:
+            self.buffer.add(columns)
         return len(self.buffer)
 
     def sample(self, batch_size: int, beta: float) -> Replayed | None:
-        """A prioritized batch ``(columns, ids, weights)``, or None while the shard holds fewer than ``batch_size``."""
+        """A batch ``(columns, ids, importance weights)``, or None while the shard holds fewer than ``batch_size``; a
+        uniform shard's ids are empty and its weights ones."""
         if len(self.buffer) < batch_size:
             return None
-        return self.buffer.sample_prioritized(batch_size, beta=beta)
+        if isinstance(self.buffer, PrioritizedReplayBuffer):
+            return self.buffer.sample_prioritized(batch_size, beta=beta)
+        return self.buffer.sample(batch_size), np.empty(0, np.int64), np.ones(batch_size, np.float32)
 
     def update_priorities(self, ids: np.ndarray, priorities: np.ndarray) -> int:
         return self.buffer.update_priorities(ids, priorities)
@@ -71,10 +89,10 @@ class ReplayShard:
     def size(self) -> int:
         return len(self.buffer)
 
-    def get_state(self) -> PrioritizedReplayBuffer:
+    def get_state(self) -> ReplayBuffer:
         return self.buffer
 
-    def set_state(self, buffer: PrioritizedReplayBuffer) -> None:
+    def set_state(self, buffer: ReplayBuffer) -> None:
         self.buffer = buffer
 
 
@@ -102,20 +120,25 @@ class AsyncReplayOptimizer(PolicyOptimizer):
     def __init__(self, evaluators: EvaluatorSet, *, hyperparams: Mapping[str, Any]) -> None:
         super().__init__(evaluators, hyperparams=hyperparams)
         policy = evaluators.local.policy
-        if not isinstance(policy, QPolicy):
-            raise TypeError(f"async_replay trains a QPolicy (dqn, apex), got {type(policy).__name__}")
+        if not isinstance(policy, QPolicy | SACPolicy):
+            raise TypeError(f"async_replay trains a QPolicy (dqn, apex) or a SACPolicy, got {type(policy).__name__}")
         if not evaluators.remotes:
             raise ValueError("async_replay needs at least one remote evaluator (workers >= 1)")
-        self.policy: QPolicy = policy
+        self.policy: ReplayPolicy = policy
+        # Ape-X's priorities for a Q-policy (whatever its prioritized_replay says, as always); SAC replays uniformly
+        self.prioritized = isinstance(policy, QPolicy)
         n_shards = int(self.hp["num_replay_shards"])
         capacity = max(1, int(self.hp["buffer_size"]) // n_shards)
+        alpha = policy.priority_alpha if isinstance(policy, QPolicy) else None
         self.shards: list[Any] = [
             RemoteReplayShard.remote(  # type: ignore[attr-defined]
-                capacity=capacity, alpha=float(self.hp["priority_alpha"]), seed=evaluators.seed * 100 + i
+                capacity=capacity, alpha=alpha, seed=evaluators.seed * 100 + i
             )
             for i in range(n_shards)
         ]
-        self.epsilons = apex_epsilons(len(evaluators.remotes))
+        # Ape-X's fixed per-worker epsilons; SAC's epsilon follows the env steps sampled (exploration_epsilon)
+        self.epsilons: list[float] | None = apex_epsilons(len(evaluators.remotes)) if self.prioritized else None
+
         self.train_batch = int(self.hp["train_batch"])
         self.steps_per_iteration = int(self.hp["steps_per_iteration"])
         self.weights_every = int(self.hp["weights_every"])
@@ -133,7 +156,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         self._learn_stats: list[dict[str, float]] = []
         self._learn_s = 0.0
         self._learner_error: BaseException | None = None
-        self._weights_ref = ray.put(self.policy.get_weights())
+        self._weights_ref = ray.put(self.policy.acting_weights())
         self._weights_version = 1
         self._worker_version = [0] * len(evaluators.remotes)
         self._in_flight: dict[ray.ObjectRef, int] = {}
@@ -152,9 +175,14 @@ class AsyncReplayOptimizer(PolicyOptimizer):
             if self._worker_version[i] < version:
                 actor.set_weights.remote(ref, version)
                 self._worker_version[i] = version
+        if self.epsilons is not None:
+            epsilon = self.epsilons[i]
+        else:
+            with self._lock:
+                epsilon = self.policy.exploration_epsilon(self._sampled)
         fn = functools.partial(
             sample_into_shard,
-            epsilon=self.epsilons[i],
+            epsilon=epsilon,
             shard=self.shards[int(self._rng.integers(len(self.shards)))],
             num_steps=int(self.hp["rollout_fragment"]),
         )
@@ -171,7 +199,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         """Transitions the learner may still train on under ``replay_ratio`` (caller holds the lock)."""
         if self._sampled < int(self.hp["learning_starts"]):
             return 0.0
-        return float(self.hp["replay_ratio"]) * self._sampled - self._trained
+        return self.policy.replay_ratio * self._sampled - self._trained
 
     def step(self) -> StepStats:
         if not self._learner.is_alive() and self._learner.ident is None:
@@ -213,6 +241,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         stats.values.update(mean_stats(learn_stats))
         stats.values["weights_version"] = float(self._weights_version)
         stats.values[M.DIAG_REPLAY_SIZE] = float(sum(self.replay_sizes()))
+        stats.values[M.DIAG_UPDATES] = float(self._sgd_steps)
         return self._account(stats)
 
     # -- learner thread ------------------------------------------------------------------------------
@@ -224,7 +253,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
             self._learner_error = e
 
     def _learn_until_stopped(self) -> None:
-        beta = float(self.hp["priority_beta"])
+        beta = self.policy.priority_beta if isinstance(self.policy, QPolicy) else 0.0
         pending: dict[ray.ObjectRef, int] = {}  # replay sample request -> shard index
         while not self._stop.is_set():
             with self._lock:
@@ -247,15 +276,17 @@ class AsyncReplayOptimizer(PolicyOptimizer):
             t0 = time.perf_counter()
             with self._policy_lock:
                 learn_stats, td = self.policy.learn_on_replay_batch({**columns, sb.WEIGHTS: weights})
-                self.shards[j].update_priorities.remote(ids, td)
+                if len(ids):
+                    self.shards[j].update_priorities.remote(ids, td)
                 self._sgd_steps += 1
                 with self._lock:
                     sampled = self._sampled
-                if sampled - self._last_target_sync >= int(self.hp["target_update"]):
+                target_update = self.policy.target_update
+                if target_update is not None and sampled - self._last_target_sync >= target_update:
                     self.policy.update_target()
                     self._last_target_sync = sampled
                 if self._sgd_steps % self.weights_every == 0:
-                    ref = ray.put(self.policy.get_weights())
+                    ref = ray.put(self.policy.acting_weights())
                     with self._lock:
                         self._weights_ref, self._weights_version = ref, self._weights_version + 1
                 with self._lock:
@@ -286,7 +317,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
             raise ValueError(f"a checkpoint of {len(state['shards'])} replay shards cannot restore {len(self.shards)}")
         ray.get([shard.set_state.remote(buf) for shard, buf in zip(self.shards, state["shards"], strict=True)])
         self._last_target_sync, self._sgd_steps = int(state["last_target_sync"]), int(state["sgd_steps"])
-        ref = ray.put(self.policy.get_weights())
+        ref = ray.put(self.policy.acting_weights())
         with self._lock:
             self._sampled, self._trained = int(state["sampled"]), int(state["trained"])
             self._weights_ref, self._weights_version = ref, self._weights_version + 1

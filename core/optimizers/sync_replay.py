@@ -1,7 +1,9 @@
-"""Synchronous replay (DQN): evaluators sample, transitions go into a replay buffer on the driver, the
-driver's policy trains on replayed batches and its target network is synced every ``target_update`` env steps.
+"""Synchronous replay (DQN, SAC): evaluators sample, transitions go into a replay buffer on the driver, the
+driver's policy trains on replayed batches; DQN's target network is synced every ``target_update`` env steps (SAC's
+target critics follow by Polyak averaging inside each update).
 
-One round: set every evaluator's epsilon (the linear schedule over global env steps), broadcast weights
+One round: set every evaluator's epsilon (DQN: the linear schedule over global env steps; SAC: 1, a uniformly
+random action, until ``learning_starts``, then 0), broadcast weights
 if they changed, sample ``rollout_fragment`` steps per env from every evaluator in parallel, add the
 valid transitions to the buffer, then train ``replay_ratio x new transitions / train_batch`` batches
 (a fractional remainder carries over) once ``learning_starts`` env steps were sampled. ``step()`` runs
@@ -10,13 +12,14 @@ steps rather than per round.
 
 Hyperparameters: ``train_batch``, ``buffer_size``, ``learning_starts``, ``target_update``,
 ``rollout_fragment``, ``replay_ratio``, ``prioritized_replay``, ``priority_alpha``, ``priority_beta``,
-``epsilon_initial``, ``epsilon_final``, ``epsilon_timesteps``; extra: ``steps_per_iteration``.
+``epsilon_initial``, ``epsilon_final``, ``epsilon_timesteps``; extra: ``steps_per_iteration``. SAC has no
+target_update, epsilons or priorities, and says ``updates_per_step`` for its replay ratio (:data:`ReplayPolicy`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -24,10 +27,16 @@ from crossrl.core import sample_batch as sb
 from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
-from crossrl.core.q_policy import REPLAY_COLUMNS, QPolicy, linear_epsilon
+from crossrl.core.q_policy import REPLAY_COLUMNS, QPolicy
 from crossrl.core.replay import PrioritizedReplayBuffer, ReplayBuffer
+from crossrl.core.sac_policy import SACPolicy
 from crossrl.core.sample_batch import SampleBatch
 from crossrl.scenarios import metrics as M
+
+ReplayPolicy: TypeAlias = QPolicy | SACPolicy
+"""The policies the replay optimizers train. Each says how it is replayed: ``replay_ratio`` (transitions trained per
+transition sampled), ``target_update`` (env steps between target syncs, or None), ``prioritized``,
+``exploration_epsilon(env_steps)``, and learns with ``learn_on_replay_batch``."""
 
 
 def replay_columns(batch: SampleBatch) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
@@ -38,38 +47,34 @@ def replay_columns(batch: SampleBatch) -> tuple[dict[str, np.ndarray], np.ndarra
 
 
 class SyncReplayOptimizer(PolicyOptimizer):
-    """DQN's execution: synchronous sampling into a driver-side replay buffer, training on the driver."""
+    """DQN's and SAC's execution: synchronous sampling into a driver-side replay buffer, training on the driver."""
 
     name = "sync_replay"
 
     def __init__(self, evaluators: EvaluatorSet, *, hyperparams: Mapping[str, Any]) -> None:
         super().__init__(evaluators, hyperparams=hyperparams)
         policy = evaluators.local.policy
-        if not isinstance(policy, QPolicy):
-            raise TypeError(f"sync_replay trains a QPolicy (dqn, apex), got {type(policy).__name__}")
-        self.policy: QPolicy = policy
+        if not isinstance(policy, QPolicy | SACPolicy):
+            raise TypeError(f"sync_replay trains a QPolicy (dqn, apex) or a SACPolicy, got {type(policy).__name__}")
+        self.policy: ReplayPolicy = policy
         rng = np.random.default_rng([evaluators.seed, 7])
         capacity = int(self.hp["buffer_size"])
-        self.prioritized = bool(self.hp["prioritized_replay"])
+        self.prioritized = policy.prioritized
         self.buffer: ReplayBuffer
-        if self.prioritized:
-            self.buffer = PrioritizedReplayBuffer(capacity, alpha=float(self.hp["priority_alpha"]), rng=rng)
+        if isinstance(policy, QPolicy) and policy.prioritized:
+            self.buffer = PrioritizedReplayBuffer(capacity, alpha=policy.priority_alpha, rng=rng)
         else:
             self.buffer = ReplayBuffer(capacity, rng=rng)
         self.train_batch = int(self.hp["train_batch"])
         self.steps_per_iteration = int(self.hp["steps_per_iteration"])
         self._owed = 0.0  # transitions of training owed under replay_ratio, not yet trained
         self._last_target_sync = 0
+        self._updates = 0  # gradient updates made
         self._weights_dirty = True
 
     def epsilon(self, env_steps: int | None = None) -> float:
         """The exploration epsilon after ``env_steps`` env steps sampled (default: so far)."""
-        return linear_epsilon(
-            env_steps=self.num_steps_sampled if env_steps is None else env_steps,
-            initial=float(self.hp["epsilon_initial"]),
-            final=float(self.hp["epsilon_final"]),
-            timesteps=int(self.hp["epsilon_timesteps"]),
-        )
+        return self.policy.exploration_epsilon(self.num_steps_sampled if env_steps is None else env_steps)
 
     def step(self) -> StepStats:
         stats = StepStats()
@@ -79,6 +84,7 @@ class SyncReplayOptimizer(PolicyOptimizer):
         stats.values.update(mean_stats(learn_stats))
         stats.values[M.DIAG_EPSILON] = self.epsilon()
         stats.values[M.DIAG_REPLAY_SIZE] = float(len(self.buffer))
+        stats.values[M.DIAG_UPDATES] = float(self._updates)
         return self._account(stats)
 
     def _round(self, stats: StepStats) -> list[dict[str, float]]:
@@ -106,14 +112,16 @@ class SyncReplayOptimizer(PolicyOptimizer):
         out: list[dict[str, float]] = []
         if sampled < int(self.hp["learning_starts"]):
             return out
-        self._owed += float(self.hp["replay_ratio"]) * new
+        self._owed += self.policy.replay_ratio * new
         with self.timer(M.TIME_LEARN_S):
             while self._owed >= self.train_batch:
                 out.append(self._learn_once())
+                self._updates += 1
                 self._owed -= self.train_batch
                 stats.env_steps_trained += self.train_batch
                 self._weights_dirty = True
-            if sampled - self._last_target_sync >= int(self.hp["target_update"]):
+            target_update = self.policy.target_update
+            if target_update is not None and sampled - self._last_target_sync >= target_update:
                 self.policy.update_target()
                 self._last_target_sync = sampled
                 self._weights_dirty = True
@@ -122,16 +130,22 @@ class SyncReplayOptimizer(PolicyOptimizer):
     def _own_state(self) -> dict[str, Any]:
         """The replay buffer (its transitions, priorities, insertion count and sampling generator), the training owed
         under ``replay_ratio`` and the env step of the last target-network sync."""
-        return {"buffer": self.buffer, "owed": self._owed, "last_target_sync": self._last_target_sync}
+        return {
+            "buffer": self.buffer,
+            "owed": self._owed,
+            "last_target_sync": self._last_target_sync,
+            "updates": self._updates,
+        }
 
     def _set_own_state(self, state: Mapping[str, Any]) -> None:
         self.buffer = state["buffer"]
         self._owed, self._last_target_sync = float(state["owed"]), int(state["last_target_sync"])
+        self._updates = int(state.get("updates", 0))
         self._weights_dirty = True
 
     def _learn_once(self) -> dict[str, float]:
-        if isinstance(self.buffer, PrioritizedReplayBuffer):
-            cols, ids, weights = self.buffer.sample_prioritized(self.train_batch, beta=float(self.hp["priority_beta"]))
+        if isinstance(self.buffer, PrioritizedReplayBuffer) and isinstance(self.policy, QPolicy):
+            cols, ids, weights = self.buffer.sample_prioritized(self.train_batch, beta=self.policy.priority_beta)
             stats, td = self.policy.learn_on_replay_batch({**cols, sb.WEIGHTS: weights})
             self.buffer.update_priorities(ids, td)
             return stats

@@ -52,7 +52,8 @@ def test_every_builtin_scenario_is_valid() -> None:
 def test_bad_literal_names_field_value_and_choices() -> None:
     [line] = problems(with_("algorithm.name", "ppo2"), "smoke.yaml")
     assert (
-        line == "smoke.yaml: algorithm.name: 'ppo2' is not one of ppo, a2c, a3c, impala, dqn, apex; did you mean ppo?"
+        line
+        == "smoke.yaml: algorithm.name: 'ppo2' is not one of ppo, a2c, a3c, impala, dqn, apex, sac; did you mean ppo?"
     )
 
 

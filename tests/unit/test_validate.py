@@ -210,6 +210,18 @@ def test_an_algorithm_that_needs_discrete_actions_on_a_continuous_env(tmp_path: 
     assert cli("validate", write(tmp_path, spec(env={"id": "Pendulum-v1"}))).exit_code == 0  # PPO takes Box actions
 
 
+def test_sac_needs_bounded_continuous_actions_and_an_mlp(tmp_path: Path) -> None:
+    [line] = errors(out := cli("validate", write(tmp_path, spec(algorithm={"name": "sac"}))))
+    assert out.exit_code == 2
+    assert line.startswith("error: t.yaml: algorithm.name: sac needs continuous (Box) actions") and "CartPole-v1" in line
+    assert "use dqn, ppo" in line and "Pendulum-v1" in line  # what fits instead, both ways
+    conv = {"name": "sac", "model": {"conv": [[16, 3, 1]]}}
+    lines = errors(out := cli("validate", write(tmp_path, spec(env={"id": "Pendulum-v1"}, algorithm=conv))))
+    assert out.exit_code == 2 and any("sac runs MLP models only" in line for line in lines), lines
+    ok = cli("validate", write(tmp_path, spec(env={"id": "Pendulum-v1"}, algorithm={"name": "sac"})))
+    assert ok.exit_code == 0, ok.output
+
+
 def test_a_conv_model_against_the_observations(tmp_path: Path) -> None:
     conv = {"name": "ppo", "model": {"conv": [[16, 3, 1]]}}
     [line] = errors(out := cli("validate", write(tmp_path, spec(algorithm=conv))))
@@ -266,7 +278,9 @@ def test_unread_hyperparameters_are_a_warning_naming_them(tmp_path: Path) -> Non
     out = cli("validate", write(tmp_path, raw))
     assert out.exit_code == 0, out.output
     [line] = out.stderr.strip().splitlines()
-    assert line.startswith("warning: t.yaml: algorithm.hyperparams: ppo does not read buffer_size (read by dqn, apex)")
+    assert line.startswith(
+        "warning: t.yaml: algorithm.hyperparams: ppo does not read buffer_size (read by dqn, apex, sac)"
+    )
     assert "epsilon_final" in line and "lr" not in line.replace("remove", "")
     # RLlib refuses a trial with a name it does not map: that trial would fail, so it is listed
     out = cli("validate", write(tmp_path, {**raw, "engines": ["crossrl", "rllib"]}), "--skip-unsupported")
@@ -355,7 +369,7 @@ def test_every_problem_of_a_spec_in_one_pass(tmp_path: Path) -> None:
         (
             "algorithm",
             {"name": "dqm"},
-            "algorithm.name: 'dqm' is not one of ppo, a2c, a3c, impala, dqn, apex; did you mean dqn?",
+            "algorithm.name: 'dqm' is not one of ppo, a2c, a3c, impala, dqn, apex, sac; did you mean dqn?",
         ),
         (
             "algorithm",
