@@ -110,3 +110,48 @@ def test_apex_shards_fill_from_workers_and_epsilons_differ() -> None:
     assert len(sizes) == 2 and all(s > 0 for s in sizes)
     # Every counted transition reached a shard (tasks launched after the last step may add more).
     assert sum(sizes) >= sampled
+
+
+def pendulum_sac(*, optimizer: str, env_steps: int) -> Trial:
+    """SAC on Pendulum-v1, 2 remote evaluators x 2 envs, a 32x32 MLP, a tiny replay."""
+    from crossrl.scenarios.spec import ScenarioSpec
+
+    hp = {"learning_starts": 200, "train_batch": 32, "buffer_size": 5000, "updates_per_step": 0.5}
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": "test-sac",
+            "env": {"id": "Pendulum-v1"},
+            "algorithm": {"name": "sac", "hyperparams": hp, "model": {"hidden": [32, 32]}},
+            "engines": ["crossrl"],
+            "execution": {"workers": 2, "envs_per_worker": 2, "optimizer": optimizer},
+            "budget": {"env_steps": env_steps},
+        }
+    )
+    return spec.trials()[0]
+
+
+@pytest.mark.parametrize("optimizer", ["sync_replay", "async_replay"])
+def test_sac_under_both_replay_optimizers_trains_and_survives_a_killed_evaluator(
+    optimizer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trial = pendulum_sac(optimizer=optimizer, env_steps=1200)
+    assert trial.env.actions == "unit"
+    sink = run(trial, steps_per_iteration=300, monkeypatch=monkeypatch)
+    points = sink.points
+    assert len(points) >= 3 and points[-1][M.ENV_STEPS_SAMPLED] >= 1200
+    assert points[0][M.WORKER_RESTARTS] == 0 and points[-1][M.WORKER_RESTARTS] == 1
+    returns = [p[M.EPISODE_RETURN_MEAN] for p in points if M.EPISODE_RETURN_MEAN in p]
+    assert returns and all(-2000 < r <= 0 for r in returns)  # Pendulum's cost per 200-step episode
+    last = points[-1]
+    for key in (M.VALUE_LOSS, M.POLICY_LOSS, M.ENTROPY, M.DIAG_ALPHA, M.DIAG_Q_MEAN):
+        assert key in last and last[key] == last[key], key
+    # half an update of 32 per env step after learning_starts; the asynchronous learner may lag, never lead
+    updates = last[M.DIAG_UPDATES]
+    assert updates == pytest.approx(last[M.ENV_STEPS_TRAINED] / 32, abs=2)  # the learner thread runs on meanwhile
+    assert updates <= 0.5 * last[M.ENV_STEPS_SAMPLED]
+    if optimizer == "sync_replay":
+        assert updates >= 0.5 * (last[M.ENV_STEPS_SAMPLED] - 200) - 2
+    else:
+        assert updates > 0
+    native = next(m for m in sink.messages if m["kind"] == "native_config")
+    assert native["config"]["policy_cls"] == "SACPolicy"
