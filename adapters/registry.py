@@ -87,6 +87,7 @@ BUILTIN: dict[str, EngineInfo] = {
             "ppo": "PPO: env runners sample synchronously, local learner",
             "impala": "IMPALA: async env runners, V-trace, learner sized to fit the CPUs",
             "dqn": "DQN: env runners + episode replay buffer",
+            "sac": "SAC: env runners + episode replay buffer; critics as MLPs on [obs, action], uniform warm-up",
         },
         unsupported={
             "a2c": "RLlib 2.60 has no A2C (removed from RLlib; rllib_contrib only)",

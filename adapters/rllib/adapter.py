@@ -1,4 +1,4 @@
-"""Ray RLlib 2.60 (new API stack) driven through its AlgorithmConfig: PPO, IMPALA, DQN.
+"""Ray RLlib 2.60 (new API stack) driven through its AlgorithmConfig: PPO, IMPALA, DQN, SAC.
 
 Fairness: every shared hyperparameter is mapped by name in :data:`HYPERPARAM_MAP` (crossrl name ->
 RLlib setting), and those RLlib cannot take are explained in :data:`NOT_EQUALIZABLE`; a trial that
@@ -9,6 +9,9 @@ the spec's MLP for the policy and, separately, for the value function (``vf_shar
 Episode statistics come from an ``on_episode_end`` callback that logs each finished episode's raw
 (return, length) as an ``item_series`` (no reduction; RLlib clears it at every ``train()``), because
 ``env_runners/episode_return_mean`` is a smoothed window over past iterations.
+
+SAC: :mod:`crossrl.adapters.rllib.sac` (critics as plain MLPs on ``[observation, action]``, uniformly random actions
+until learning starts, the temperature carried through checkpoints, the mean action ``tanh(mean)``).
 
 Multi-agent envs (``env.agents`` set, PPO only): :mod:`crossrl.adapters.rllib.multi_agent` (ParallelPettingZooEnv, one
 RLModule per policy id, team and per-agent returns, per-policy losses).
@@ -99,6 +102,21 @@ HYPERPARAM_MAP: Final[dict[str, dict[str, str]]] = {
         "priority_alpha": "replay_buffer_config['alpha']",
         "priority_beta": "replay_buffer_config['beta']",
     },
+    "sac": {
+        "actor_lr": "actor_lr",
+        "critic_lr": "critic_lr",
+        "alpha_lr": "alpha_lr",
+        "gamma": "gamma",
+        "tau": "tau",
+        "train_batch": "train_batch_size_per_learner",
+        "buffer_size": "replay_buffer_config['capacity']",
+        "learning_starts": "num_steps_sampled_before_learning_starts",
+        "updates_per_step": "training_intensity",
+        "n_step": "n_step",
+        "target_entropy": "target_entropy",
+        "initial_alpha": "initial_alpha",
+        "rollout_fragment": "rollout_fragment_length",
+    },
 }
 
 # Mapped names whose value RLlib receives transformed (everything else is passed unchanged).
@@ -109,6 +127,10 @@ TRANSFORMED: Final[dict[str, str]] = {
         "not sample when remote runners exist; RLlib then rounds to whole sample/update rounds"
     ),
     "vtrace_clip_rho": "also sets vtrace_clip_pg_rho_threshold (one rho-bar for value and policy targets)",
+    "updates_per_step": (
+        "x train_batch x max(runners,1)/(runners+1) (replayed rows per env step, the DQN conversion); RLlib then "
+        "rounds to whole sample/update rounds"
+    ),
 }
 
 # Shared names RLlib has no setting for: algorithm -> name -> (the value RLlib behaves as, why).
@@ -120,6 +142,7 @@ NOT_EQUALIZABLE: Final[dict[str, dict[str, tuple[float | None, str]]]] = {
         "vtrace_clip_c": (1.0, "RLlib's V-trace hard-codes c-bar = 1.0 (vtrace_torch_v2.py)"),
     },
     "dqn": {},
+    "sac": {},
 }
 
 # Fixed RLlib settings that make the network and loss match the spec/crossrl (audit: native config).
@@ -127,6 +150,8 @@ _FIXED_TRAINING: Final[dict[str, dict[str, Any]]] = {
     "ppo": {"use_kl_loss": False, "use_gae": True, "use_critic": True},
     "impala": {"vtrace": True},
     "dqn": {"dueling": False, "num_atoms": 1, "noisy": False, "tau": 1.0},
+    # twin critics; a Polyak step after every update; no gradient clipping (crossrl's core and TorchRL clip none)
+    "sac": {"twin_q": True, "target_network_update_freq": 0, "grad_clip": None},
 }
 
 
@@ -229,6 +254,10 @@ def training_settings(trial: Trial, *, num_env_runners: int) -> dict[str, Any]:
             buffer["type"] = "EpisodeReplayBuffer"
         out["replay_buffer_config"] = buffer
         out["training_intensity"] = hp["replay_ratio"] * max(num_env_runners, 1) / (num_env_runners + 1)
+    if trial.algorithm == "sac":
+        out["replay_buffer_config"] = {"type": "EpisodeReplayBuffer", "capacity": hp["buffer_size"]}
+        rows_per_step = hp["updates_per_step"] * hp["train_batch"]
+        out["training_intensity"] = rows_per_step * max(num_env_runners, 1) / (num_env_runners + 1)
     return out
 
 
@@ -364,8 +393,9 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.impala import IMPALAConfig
     from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.algorithms.sac import SACConfig
 
-    classes = {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig}
+    classes = {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig, "sac": SACConfig}
     if trial.algorithm not in classes:
         raise ValueError(f"rllib cannot run {trial.algorithm}; it runs {', '.join(classes)}")
     on_episode_end: Any = _on_episode_end
@@ -412,6 +442,18 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         # With a 0 s timeout the driver polls its env runners in a busy loop, taking a whole core
         # from them on a 2-core machine; waiting up to 50 ms blocks in ray.wait instead.
         config.training(timeout_s_sampler_manager=0.05)
+    if trial.algorithm == "sac":
+        from ray.rllib.algorithms.sac.torch.default_sac_torch_rl_module import DefaultSACTorchRLModule
+        from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+
+        from crossrl.adapters.rllib.sac import ConcatQCatalog, SACUniformWarmup
+
+        config.rl_module(
+            rl_module_spec=RLModuleSpec(module_class=DefaultSACTorchRLModule, catalog_class=ConcatQCatalog)
+        )
+        config.algo_class = SACUniformWarmup
+        # a point per 1000 env steps at the least, as crossrl's replay optimizers report (RLlib's SAC: 100)
+        config.reporting(min_sample_timesteps_per_iteration=1000)
     return config
 
 
@@ -491,6 +533,8 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
         **timing_values(result),
         **{name: keep(result_get(result, *path)) for name, path in DIAG_PATHS.items()},
     }
+    if algorithm == "sac":
+        values |= sac_values(policy)
     return {
         "env_steps_sampled": env_steps_sampled(result),
         "env_steps_trained": trained,
@@ -500,10 +544,31 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     }
 
 
-def greedy_act(algo: Any) -> Callable[[Any], Any]:
+def sac_values(policy: Mapping[str, Any]) -> dict[str, float | None]:
+    """SAC's losses and diagnostics under crossrl's names from RLlib's ``learners/default_policy`` stats (each the
+    iteration's last update's): the critics' loss as the sum of the two (as crossrl's core and TorchRL report it), the
+    entropy as minus the mean log-probability, the temperature, its loss, the first critic's mean Q value, and the
+    gradient updates so far (rows trained / train batch)."""
+    qf, twin = number(policy.get("qf_loss")), number(policy.get("qf_twin_loss"))
+    logp = number(policy.get("logps"))
+    rows, batch = (
+        finite(policy.get("num_module_steps_trained_lifetime")),
+        finite(policy.get("module_train_batch_size_mean")),
+    )
+    return {
+        M.VALUE_LOSS: qf + twin if qf is not None and twin is not None else qf,
+        M.ENTROPY: -logp if logp is not None else None,
+        M.DIAG_ALPHA: finite(policy.get("alpha_value")),
+        M.DIAG_ALPHA_LOSS: finite(policy.get("alpha_loss")),
+        M.DIAG_Q_MEAN: number(policy.get("qf_mean")),
+        M.DIAG_UPDATES: rows / batch if rows is not None and batch else None,
+    }
+
+
+def greedy_act(algo: Any, *, sac: bool = False) -> Callable[[Any], Any]:
     """The final policy's deterministic action for one observation: the learner's weights in the RLModule that
     ``algo.get_module()`` returns, its ``forward_inference`` (DQN: the argmax of the Q-values; PPO and IMPALA: the
-    argmax of the logits)."""
+    argmax of the logits; ``sac``: the squashed Gaussian's ``tanh(mean)``)."""
     import torch
     from ray.rllib.core import DEFAULT_MODULE_ID
 
@@ -511,11 +576,15 @@ def greedy_act(algo: Any) -> Callable[[Any], Any]:
     module.set_state(algo.learner_group.get_weights([DEFAULT_MODULE_ID])[DEFAULT_MODULE_ID])
     module.eval()
 
-    def act(obs: Any) -> int:
+    def act(obs: Any) -> Any:
         with torch.no_grad():
             out = module.forward_inference({"obs": torch.as_tensor(obs)[None]})
         if "actions" in out:
             return int(out["actions"][0])
+        if sac:
+            from crossrl.adapters.rllib.sac import mean_action
+
+            return mean_action(out["action_dist_inputs"])[0].numpy()  # the env's [-1, 1] (env.actions 'unit')
         return int(torch.argmax(out["action_dist_inputs"][0]))
 
     return act
@@ -524,7 +593,10 @@ def greedy_act(algo: Any) -> Callable[[Any], Any]:
 # -- checkpoints ----------------------------------------------------------------------------------
 
 REPLAY_FILE: Final = "replay_buffer.pkl"
-"""DQN's replay buffer (``get_state()``), beside RLlib's own files: ``Algorithm.save_to_path`` leaves it out."""
+"""DQN's and SAC's replay buffer (``get_state()``), beside RLlib's own files: ``Algorithm.save_to_path`` leaves it
+out."""
+ALPHA_FILE: Final = "sac_log_alpha.json"
+"""SAC's temperature (module id -> ``log alpha``), which ``save_to_path`` leaves out too (:mod:`.sac`)."""
 
 
 def _peek(algo: Any, *path: str) -> float | None:
@@ -579,11 +651,12 @@ class StepOffsets:
         return out
 
 
-def save_engine(algo: Any, folder: Path) -> dict[str, Any]:
+def save_engine(algo: Any, folder: Path, *, algorithm: str = "") -> dict[str, Any]:
     """The algorithm's whole training state into ``folder`` (the sink's ``save``): RLlib's ``save_to_path``
     (``learner_group/``: the RLModules, target networks included, and the optimizers' state; ``env_runner/``: the
     connector states; ``algorithm_state.pkl``: the metrics logger with the lifetime counters, the training
-    iteration), and DQN's replay buffer (:data:`REPLAY_FILE`). Returns what it holds."""
+    iteration), DQN's and SAC's replay buffer (:data:`REPLAY_FILE`) and SAC's temperature (:data:`ALPHA_FILE`).
+    Returns what it holds."""
     from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
 
     folder = Path(folder).resolve()  # pyarrow (RLlib's file system layer) refuses relative paths
@@ -599,6 +672,12 @@ def save_engine(algo: Any, folder: Path) -> dict[str, Any]:
         with open(folder / REPLAY_FILE, "wb") as f:
             pickle.dump(buffer.get_state(), f, protocol=pickle.HIGHEST_PROTOCOL)
         described |= {"replay_buffer": REPLAY_FILE, "replay_env_steps": int(buffer.get_num_timesteps())}
+    if algorithm == "sac":
+        from crossrl.adapters.rllib.sac import log_alpha
+
+        values = log_alpha(algo)
+        (folder / ALPHA_FILE).write_text(json.dumps(values))
+        described |= {"log_alpha": values}
     return described
 
 
@@ -615,12 +694,13 @@ def _learning_rates(learner: Any) -> list[float]:
     ]
 
 
-def _set_learning_rate(learner: Any, *, lr: float) -> list[float]:
-    """Every optimizer of the learner at ``lr``; returns the param groups' learning rates."""
+def _set_learning_rate(learner: Any, *, lr: float | Mapping[str, float]) -> list[float]:
+    """Every optimizer of the learner at ``lr``, or each at ``lr[its name]`` (SAC's "policy", "qf", "qf_twin",
+    "alpha"); returns the param groups' learning rates."""
     for module_id, _ in learner.module.items():
-        for _name, optimizer in learner.get_optimizers_for_module(module_id):
+        for name, optimizer in learner.get_optimizers_for_module(module_id):
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr[name] if isinstance(lr, Mapping) else lr
     return _learning_rates(learner)
 
 
@@ -666,9 +746,10 @@ def push_to_env_runners(algo: Any) -> int:
     return len(done)
 
 
-def restore(algo: Any, path: Path, *, lr: float | None) -> dict[str, Any]:
+def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None) -> dict[str, Any]:
     """Restores ``algo`` (built from the trial's config, not trained yet) from an engine folder :func:`save_engine`
-    wrote: RLlib's ``restore_from_path``, DQN's replay buffer, the learning rate ``lr`` re-applied to every optimizer
+    wrote: RLlib's ``restore_from_path``, DQN's and SAC's replay buffer, SAC's temperature, the learning rate ``lr``
+    (one for every optimizer, or one per optimizer name) re-applied to every optimizer
     (``torch.optim.Optimizer.load_state_dict`` restores the saved one, and RLlib's scheduler sets the config's only
     after the next update: Population Based Training changes ``lr`` between a save and a restore), then
     :func:`push_to_env_runners`. Returns what it did."""
@@ -680,11 +761,24 @@ def restore(algo: Any, path: Path, *, lr: float | None) -> dict[str, Any]:
         with open(path / REPLAY_FILE, "rb") as f:
             buffer.set_state(pickle.load(f))
         done["replay_env_steps"] = int(buffer.get_num_timesteps())
+    if (path / ALPHA_FILE).is_file():
+        from crossrl.adapters.rllib.sac import set_log_alpha
+
+        done["log_alpha"] = set_log_alpha(algo, json.loads((path / ALPHA_FILE).read_text()))
     if lr is not None:
         results = algo.learner_group.foreach_learner(_set_learning_rate, lr=lr)
         done["lr"] = sorted({x for result in results for x in result.get()})
     done["env_runners_synced"] = push_to_env_runners(algo)
     return done
+
+
+def trial_learning_rates(trial: Trial) -> float | dict[str, float]:
+    """The learning rate a restored trial's optimizers continue with: its ``lr``, or SAC's per optimizer name."""
+    if trial.algorithm == "sac":
+        from crossrl.adapters.rllib.sac import OPTIMIZER_LR
+
+        return {name: float(trial.hp(key)) for name, key in OPTIMIZER_LR.items()}
+    return float(trial.hp("lr"))
 
 
 def _checkpoint_env_step(folder: Path) -> int | None:
@@ -703,7 +797,7 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
     with ``RLModule.from_checkpoint`` from ``learner_group/learner/rl_module/default_policy``. ``greedy``: the
     deterministic action (the argmax of the logits or of the Q-values, as :func:`greedy_act`; a Gaussian's mean);
     else RLlib's exploration: a sample from the action distribution, or for DQN epsilon-greedy at the epsilon its
-    schedule had reached at the checkpoint's env step. A Box action goes through RLlib's ``normalize_actions`` /
+    schedule had reached at the checkpoint's env step; SAC's mean action is ``tanh(mean)``. A Box action goes through RLlib's ``normalize_actions`` /
     ``clip_actions`` as the env runners send it to the env. Multi-agent trials: ValueError.
     """
     if trial.env.multi_agent:
@@ -745,6 +839,10 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
             out = module.forward_inference(batch) if greedy else module.forward_exploration(batch, t=t)
             if "actions" in out:
                 action = out["actions"]
+            elif greedy and trial.algorithm == "sac":  # RLlib's to_deterministic() would give the unsquashed mean
+                from crossrl.adapters.rllib.sac import mean_action
+
+                action = mean_action(out["action_dist_inputs"])
             else:
                 dist_cls = (
                     module.get_inference_action_dist_cls() if greedy else module.get_exploration_action_dist_cls()
@@ -819,7 +917,7 @@ class RllibAdapter:
                 to_point = functools.partial(result_to_point, algorithm=trial.algorithm, epochs=epochs)
             offsets = StepOffsets()
             if resumed is not None:
-                restored = restore(algo, resumed.path, lr=trial.hp("lr"))
+                restored = restore(algo, resumed.path, lr=trial_learning_rates(trial))
                 sampled, trained = engine_counters(algo, algorithm=trial.algorithm, epochs=int(config.num_epochs))
                 offsets = StepOffsets.at_restore(resumed, engine_sampled=sampled, engine_trained=trained)
                 restored |= {"rllib_env_steps_sampled": sampled, "step_offsets": [offsets.sampled, offsets.trained]}
@@ -828,7 +926,7 @@ class RllibAdapter:
             sink.tags(engine_version=ray.__version__, rllib_resources=plan.note, **cluster)
             sink.native_config(native)
             built = algo
-            save = functools.partial(save_engine, built)
+            save = functools.partial(save_engine, built, algorithm=trial.algorithm)
             iteration = 0
             while not sink.exhausted:
                 sink.point(**offsets.apply(to_point(algo.train())))
@@ -837,7 +935,7 @@ class RllibAdapter:
                     self.on_iteration(iteration, algo)
                 iteration += 1
             sink.final_checkpoint(save)
-            send_clip(sink, lambda: greedy_act(built))
+            send_clip(sink, lambda: greedy_act(built, sac=trial.algorithm == "sac"))
         finally:
             if algo is not None:
                 algo.stop()

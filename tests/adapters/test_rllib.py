@@ -115,6 +115,20 @@ _NON_DEFAULT = {
         "priority_beta": 0.3,
         "train_batch": 64,
     },
+    "sac": {
+        "actor_lr": 1e-4,
+        "critic_lr": 2e-3,
+        "alpha_lr": 5e-4,
+        "gamma": 0.95,
+        "tau": 0.02,
+        "train_batch": 64,
+        "buffer_size": 7000,
+        "learning_starts": 300,
+        "n_step": 2,
+        "target_entropy": -0.5,
+        "initial_alpha": 0.3,
+        "rollout_fragment": 2,
+    },
 }
 
 
