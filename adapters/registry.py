@@ -111,6 +111,8 @@ BUILTIN: dict[str, EngineInfo] = {
             "a3c": "A2CLoss + GAE; MultiAsyncCollector (asynchronous collection)",
             "impala": "A2C-style loss with the VTrace value estimator; MultiAsyncCollector",
             "dqn": "DQNLoss + uniform ReplayBuffer",
+            "sac": "SACLoss (twin Q critics, TD0, SoftUpdate targets, learned temperature) + uniform ReplayBuffer; "
+            "Collector / MultiSyncCollector, init_random_frames until learning_starts",
         },
         unsupported={
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",

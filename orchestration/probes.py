@@ -74,8 +74,22 @@ def _engine_failures(trials: list[Any], spaces: Any) -> list[tuple[Any, str]]:
 def _torchrl_refusal(trial: Any, spaces: Any) -> str | None:
     from gymnasium import spaces as gs
 
+    if trial.algorithm == "sac" and int(trial.hyperparams.get("n_step", 1)) != 1:
+        # adapters/torchrl/algorithms.py SACLearner: TorchRL 0.14's MultiStep looks ahead within one collector batch
+        return (
+            "torchrl runs sac with n_step 1 only (TorchRL 0.14's MultiStep looks ahead within one collector batch and "
+            "bootstraps through terminations); set algorithm.hyperparams.n_step: 1, or run it on crossrl or rllib"
+        )
     for agent, (obs, act) in (spaces.spaces if spaces else {}).items():
         who = f" (agent {agent})" if agent else ""
+        if trial.algorithm == "sac" and isinstance(act, gs.Box):
+            unit = bool((act.low == -1.0).all() and (act.high == 1.0).all())
+            if trial.env.actions != "unit" and not unit:
+                return (
+                    f"torchrl runs sac on actions in [-1, 1], and {trial.env.id}{who} has {act} with env.actions: env; "
+                    "set env.actions: unit (sac's default) or run it on crossrl or rllib"
+                )
+            continue
         if not isinstance(act, gs.Discrete):
             # adapters/torchrl/adapter.py env_dims reads the number of discrete actions; torchrl/multi_agent.py ma_env_dims likewise
             return (

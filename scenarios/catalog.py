@@ -149,11 +149,12 @@ CROSSRL_SETTINGS: Final[dict[str, dict[str, Any]]] = {
     # one replay shard when a dqn spec runs under async_replay (apex's shared defaults set num_replay_shards)
     "dqn": {**_CROSSRL_REPLAY, "num_replay_shards": 1},
     "apex": {**_CROSSRL_REPLAY, "max_replay_lag": 2_000},
-    # SAC: Adam's default eps (as CleanRL, RLlib and TorchRL use it); the policy's log std clamped to
-    # [log_std_min, log_std_max] (RLlib's and SB3's bounds); one replay shard under async_replay, uniform sampling.
+    # SAC: Adam's default eps (as CleanRL and TorchRL use it); the actor's log std clamped to [log_std_min,
+    # log_std_max], RLlib's fixed bounds (its TorchSquashedGaussian) and CleanRL's range; one replay shard under
+    # async_replay, uniform sampling.
     "sac": {
         **_CROSSRL_REPLAY,
-        "log_std_min": -20.0,
+        "log_std_min": -5.0,
         "log_std_max": 2.0,
         "num_replay_shards": 1,
         "max_replay_lag": 4_096,  # transitions trained (16 updates of 256) behind replay_ratio

@@ -7,15 +7,16 @@ worker stepping its envs one after another, as crossrl's core and RLlib's env ru
 ``StepCounter`` and ``RewardSum`` transforms give each finished episode's length and return.
 
 Collectors: ``Collector`` (one worker, in this process), ``MultiSyncCollector`` (several local
-workers; PPO, A2C, DQN), ``MultiAsyncCollector`` (A3C-style and IMPALA: workers keep sampling with
+workers; PPO, A2C, DQN, SAC), ``MultiAsyncCollector`` (A3C-style and IMPALA: workers keep sampling with
 stale weights while the learner trains), ``RayCollector`` when the trial names a Ray cluster. The
 learners (losses, estimators, replay) live in :mod:`crossrl.adapters.torchrl.algorithms`.
 
 Checkpoints (:func:`train_loop`): the learner's whole state (``learner.save(folder)``: networks, target networks,
-Adam, counters, epsilon, DQN's replay buffer). A resumed trial restores it, pushes the weights to the collector
-and counts on from the checkpoint's env steps; its collector's envs start from reset (episodes in flight at the
-checkpoint are not saved) and are seeded anew (:func:`collector_seed`). :func:`load_policy` rebuilds a saved
-policy without envs or collector.
+Adam, counters, epsilon, SAC's temperature, DQN's and SAC's replay buffers). A resumed trial restores it, pushes the
+weights to the collector and counts on from the checkpoint's env steps; its collector's envs start from reset
+(episodes in flight at the checkpoint are not saved) and are seeded anew (:func:`collector_seed`); SAC's collector
+acts uniformly at random only for what is left of ``learning_starts`` (:func:`init_random_frames`).
+:func:`load_policy` rebuilds a saved policy without envs or collector.
 """
 
 from __future__ import annotations
@@ -25,20 +26,23 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 import torchrl
 from tensordict import TensorDictBase
+from torchrl.data import Bounded as BoundedSpec
+from torchrl.data import Categorical as CategoricalSpec
 from torchrl.envs import Compose, EnvBase, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
 from crossrl.adapters.base import MetricSink, send_clip
-from crossrl.adapters.checkpoints import ENGINE_DIR
+from crossrl.adapters.checkpoints import ENGINE_DIR, Resumed
 from crossrl.adapters.checkpoints import resume_seed as collector_seed
-from crossrl.adapters.torchrl.algorithms import build_learner, check_algorithm, read_state
+from crossrl.adapters.torchrl.algorithms import SACLearner, build_learner, check_algorithm, read_state
 from crossrl.core.envs import make_env
+from crossrl.core.maths import mean_stats
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import EnvSpec, Trial
@@ -66,6 +70,7 @@ HYPERPARAM_MAP: tuple[HpMapping, ...] = (
     HpMapping("lr", _ALL, "torch.optim.Adam(lr=)", "learning rate", "Adam eps is torch's default 1e-8"),
     HpMapping("gamma", _PG, "GAE(gamma=) / VTrace(gamma=)", "discount"),
     HpMapping("gamma", ("dqn",), "TD0Estimator(gamma=), MultiStep(gamma=)", "discount"),
+    HpMapping("gamma", ("sac",), "SACLoss.make_value_estimator(ValueEstimators.TD0, gamma=)", "discount"),
     HpMapping("gae_lambda", ("ppo", "a2c", "a3c"), "GAE(lmbda=)", "GAE lambda"),
     HpMapping("gae_lambda", ("impala",), "-", "unused", "TorchRL's VTrace has no lambda (acts as lambda = 1)"),
     HpMapping("clip", ("ppo",), "ClipPPOLoss(clip_epsilon=)", "PPO ratio clip"),
@@ -92,7 +97,7 @@ HYPERPARAM_MAP: tuple[HpMapping, ...] = (
         "the driver computes the gradient",
     ),
     HpMapping("train_batch", ("impala",), "adapter: worker batches concatenated until >= train_batch", "learner batch"),
-    HpMapping("train_batch", ("dqn",), "ReplayBuffer(batch_size=)", "replayed transitions per gradient step"),
+    HpMapping("train_batch", ("dqn", "sac"), "ReplayBuffer(batch_size=)", "replayed transitions per gradient step"),
     HpMapping("minibatch", ("ppo",), "adapter: shuffled split of the batch", "SGD minibatch (env steps)"),
     HpMapping("epochs", ("ppo",), "adapter: passes over each batch", "SGD epochs per batch"),
     HpMapping("entropy_coeff", _PG, "ClipPPOLoss / A2CLoss(entropy_coeff=)", "entropy bonus coefficient"),
@@ -119,11 +124,12 @@ HYPERPARAM_MAP: tuple[HpMapping, ...] = (
     ),  # fmt: skip
     HpMapping(
         "rollout_fragment",
-        ("dqn",),
+        ("dqn", "sac"),
         "collector frames_per_batch / (workers x envs_per_worker)",
         "env steps per env between learner calls",
+        "sac: one reported point per collector batch (crossrl's core: one per steps_per_iteration env steps)",
     ),  # fmt: skip
-    HpMapping("buffer_size", ("dqn",), "LazyTensorStorage(max_size=)", "replay capacity (transitions)"),
+    HpMapping("buffer_size", ("dqn", "sac"), "LazyTensorStorage(max_size=)", "replay capacity (transitions)"),
     HpMapping(
         "learning_starts",
         ("dqn",),
@@ -131,8 +137,23 @@ HYPERPARAM_MAP: tuple[HpMapping, ...] = (
         "warm-up env steps",
         "TorchRL's init_random_frames would act uniformly at random instead; not used",
     ),
+    HpMapping(
+        "learning_starts",
+        ("sac",),
+        "collector init_random_frames (what is left of it on resume) + adapter: no update before",
+        "env steps of uniformly random actions, with no update",
+        "rounded up to whole collector batches, as crossrl's core rounds to whole sample rounds",
+    ),
     HpMapping("target_update", ("dqn",), "HardUpdate, stepped every target_update env steps", "target net sync"),
     HpMapping("n_step", ("dqn",), "MultiStep(n_steps=) applied to each batch before replay", "n-step return"),
+    HpMapping(
+        "n_step",
+        ("sac",),
+        "- (must be 1)",
+        "n-step return",
+        "TorchRL 0.14.1's MultiStep looks ahead within one collector batch only and keeps the first step's "
+        "terminated flag (bootstraps through terminations): n_step > 1 is refused",
+    ),
     HpMapping("epsilon_initial", ("dqn",), "EGreedyModule(eps_init=)", "initial exploration epsilon"),
     HpMapping("epsilon_final", ("dqn",), "EGreedyModule(eps_end=)", "final exploration epsilon"),
     HpMapping(
@@ -160,6 +181,30 @@ HYPERPARAM_MAP: tuple[HpMapping, ...] = (
     HpMapping("priority_beta", ("dqn",), "-", "unused", "no prioritized replay on torchrl"),
     HpMapping("vtrace_clip_rho", ("impala",), "VTrace(rho_thresh=)", "V-trace rho-bar"),
     HpMapping("vtrace_clip_c", ("impala",), "VTrace(c_thresh=)", "V-trace c-bar"),
+    HpMapping(
+        "actor_lr",
+        ("sac",),
+        "torch.optim.Adam(lr=) over SACLoss.actor_network_params",
+        "the policy's learning rate",
+        "the actor's loss is taken on the critics before this update's critic step (one summed backward of "
+        "SACLoss's three losses); crossrl's core steps the critics first. Adam eps 1e-8 for all three",
+    ),
+    HpMapping("critic_lr", ("sac",), "torch.optim.Adam(lr=) over SACLoss.qvalue_network_params", "Q networks' lr"),
+    HpMapping("alpha_lr", ("sac",), "torch.optim.Adam(lr=) over SACLoss.log_alpha", "temperature's learning rate"),
+    HpMapping("tau", ("sac",), "SoftUpdate(loss, tau=), stepped after every update", "Polyak step of the targets"),
+    HpMapping(
+        "updates_per_step",
+        ("sac",),
+        "adapter: updates_per_step x new env steps updates per collected batch (fractions carried)",
+        "gradient updates per env step",
+    ),
+    HpMapping(
+        "target_entropy",
+        ("sac",),
+        "SACLoss(target_entropy=)",
+        "the temperature's entropy target; 'auto': -(action dims), from the actor's spec",
+    ),
+    HpMapping("initial_alpha", ("sac",), "SACLoss(alpha_init=)", "the temperature at the start"),
 )
 
 
@@ -197,13 +242,34 @@ def _gym_env(env_spec: EnvSpec) -> GymWrapper:
     return GymWrapper(make_env(env_spec), categorical_action_encoding=True)
 
 
+def learner_dims(env_spec: EnvSpec) -> dict[str, Any]:
+    """What a learner is built for (:func:`~crossrl.adapters.torchrl.algorithms.build_learner`'s keyword arguments),
+    from the spec's env as TorchRL sees it: ``obs_shape`` and either ``n_actions`` (discrete actions) or
+    ``action_shape`` (continuous actions, which must lie in [-1, 1]: ``env.actions: unit``, sac's default)."""
+    probe = _gym_env(env_spec)
+    try:
+        obs_shape = tuple(int(n) for n in probe.observation_spec["observation"].shape)
+        spec = probe.action_spec
+        if isinstance(spec, CategoricalSpec):
+            return {"obs_shape": obs_shape, "n_actions": int(spec.space.n)}
+        if isinstance(spec, BoundedSpec) and bool((spec.space.low == -1).all() and (spec.space.high == 1).all()):
+            return {"obs_shape": obs_shape, "action_shape": tuple(int(n) for n in spec.shape)}
+        bounds = f" in [{spec.space.low.tolist()}, {spec.space.high.tolist()}]" if isinstance(spec, BoundedSpec) else ""
+        raise ValueError(
+            f"torchrl: {env_spec.id}'s actions are {type(spec).__name__} of shape {list(spec.shape)}{bounds}; "
+            "TorchRL's learners take discrete actions (ppo, a2c, a3c, impala, dqn) or continuous ones in [-1, 1] "
+            "(sac: set env.actions: unit, its default)"
+        )
+    finally:
+        probe.close()
+
+
 def env_dims(env_spec: EnvSpec) -> tuple[tuple[int, ...], int]:
     """(observation shape, number of discrete actions) of the spec's env as TorchRL sees it."""
-    probe = _gym_env(env_spec)
-    obs_shape = tuple(int(n) for n in probe.observation_spec["observation"].shape)
-    n_actions = int(probe.action_spec.space.n)
-    probe.close()
-    return obs_shape, n_actions
+    dims = learner_dims(env_spec)
+    if "n_actions" not in dims:
+        raise ValueError(f"torchrl: {env_spec.id} has continuous actions of shape {list(dims['action_shape'])}")
+    return dims["obs_shape"], dims["n_actions"]
 
 
 def worker_init() -> None:
@@ -225,11 +291,22 @@ def frames_per_batch(trial: Trial) -> int:
         return ceil_to(int(trial.hp("train_batch")), envs)
     if algo == "impala":
         return int(trial.hp("rollout_fragment")) * envs
-    return int(trial.hp("rollout_fragment")) * envs * workers  # dqn
+    return int(trial.hp("rollout_fragment")) * envs * workers  # dqn, sac
 
 
-def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
-    """The collector for the trial and a JSON-able description of how it was built."""
+def init_random_frames(trial: Trial, resumed: Resumed | None) -> int | None:
+    """SAC: the env steps the collector still acts uniformly at random for (over the action spec, without calling
+    the policy): ``learning_starts`` less what a resumed trial sampled already (the collector counts its own frames),
+    rounded up to whole batches (TorchRL would round, and warn). None for the other algorithms."""
+    if trial.algorithm != "sac":
+        return None
+    left = int(trial.hp("learning_starts")) - (resumed.env_steps_sampled if resumed else 0)
+    return ceil_to(max(0, left), frames_per_batch(trial))
+
+
+def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """The collector for the trial and a JSON-able description of how it was built; ``random_frames``: its
+    ``init_random_frames`` (:func:`init_random_frames`), when not None."""
     from torchrl.collectors import Collector
 
     fpb = frames_per_batch(trial)
@@ -251,6 +328,8 @@ def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
             "num_collectors": trial.workers, "sync": sync, "collector_class": Collector,
             "collector_kwargs": {"auto_register_policy_transforms": False}, "remote_configs": remote,
         }  # fmt: skip
+        if random_frames is not None:  # RayCollector hands each collector its share
+            ray_kwargs["init_random_frames"] = random_frames
         collector = RayCollector([env_fn] * trial.workers, policy, **ray_kwargs)  # type: ignore[arg-type]
         return collector, {"class": "RayCollector", "kwargs": ray_kwargs, "ray_address": trial.ray_address}
     return local_collector(
@@ -260,21 +339,36 @@ def build_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
         policy=policy,
         frames_per_batch=fpb,
         sync=sync,
+        random_frames=random_frames,
     )
 
 
 def local_collector(
-    env_spec: EnvSpec, *, workers: int, envs_per_worker: int, policy: Any, frames_per_batch: int, sync: bool = True
+    env_spec: EnvSpec,
+    *,
+    workers: int,
+    envs_per_worker: int,
+    policy: Any,
+    frames_per_batch: int,
+    sync: bool = True,
+    random_frames: int | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """A collector on this machine and a JSON-able description of how it was built.
 
     ``Collector`` (one worker, sync: the envs are stepped in this process), else ``MultiSyncCollector``
     (sync, batches stacked) or ``MultiAsyncCollector`` over ``workers`` processes of one torch thread
-    each, every one stepping :func:`make_torchrl_env` of ``envs_per_worker`` envs.
+    each, every one stepping :func:`make_torchrl_env` of ``envs_per_worker`` envs. ``random_frames``: the
+    collector's ``init_random_frames`` (counted over all workers' batches), when not None.
     """
     from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 
-    common = {"frames_per_batch": frames_per_batch, "total_frames": -1, "auto_register_policy_transforms": False}
+    common: dict[str, Any] = {
+        "frames_per_batch": frames_per_batch,
+        "total_frames": -1,
+        "auto_register_policy_transforms": False,
+    }
+    if random_frames is not None:
+        common["init_random_frames"] = random_frames
     if workers == 1 and sync:
         env = make_torchrl_env(env_spec, envs_per_worker)
         collector = Collector(env, policy, **common)
@@ -381,9 +475,9 @@ class TorchrlAdapter:
                 f"{trial.name}: a multi-agent env (env.agents); TorchRL runs it through "
                 "crossrl.adapters.torchrl.multi_agent.TorchrlMultiAgentAdapter (the registry's multi_agent_target)"
             )
-        obs_shape, n_actions = env_dims(trial.env)
-        learner = build_learner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
-        collector, collector_desc = build_collector(trial=trial, policy=learner.policy)
+        learner = build_learner(trial=trial, **learner_dims(trial.env))
+        random_frames = init_random_frames(trial, sink.resumed())
+        collector, collector_desc = build_collector(trial=trial, policy=learner.policy, random_frames=random_frames)
         try:
             collector.set_seed(collector_seed(trial, sink.resumed()))
             sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], **tags)
@@ -409,9 +503,12 @@ class TorchrlAdapter:
             collector.shutdown()
 
 
-def greedy_act(learner: Any) -> Callable[[Any], int]:
+def greedy_act(learner: Any) -> Callable[[Any], Any]:
     """The learner's final policy, deterministic, for one observation: the argmax of its policy network's logits
-    (PPO, A2C, A3C, IMPALA) or of its Q-network's values (DQN), without TorchRL's sampling or epsilon-greedy."""
+    (PPO, A2C, A3C, IMPALA) or of its Q-network's values (DQN), without TorchRL's sampling or epsilon-greedy; SAC's
+    mean action ``tanh(loc)``."""
+    if isinstance(learner, SACLearner):
+        return learner.act_fn(deterministic=True)
     net = learner.qnet if hasattr(learner, "qnet") else learner.actor_net
 
     def act(obs: Any) -> int:
@@ -421,8 +518,11 @@ def greedy_act(learner: Any) -> Callable[[Any], int]:
     return act
 
 
-def sample_act(learner: Any) -> Callable[[Any], int]:
-    """As :func:`greedy_act`, but a sample from the categorical over the policy's logits (DQN: still the argmax)."""
+def sample_act(learner: Any) -> Callable[[Any], Any]:
+    """As :func:`greedy_act`, but a sample from the categorical over the policy's logits (DQN: still the argmax;
+    SAC: a sample of its squashed Gaussian)."""
+    if isinstance(learner, SACLearner):
+        return learner.act_fn(deterministic=False)
     if hasattr(learner, "qnet"):
         return greedy_act(learner)
     net = learner.actor_net
@@ -439,9 +539,11 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
     """The policy a checkpoint holds, for ONE single-agent observation: ``act(obs) -> action``.
 
     ``folder``: the checkpoint's folder or its engine folder. The learner's networks are rebuilt from the trial (no
-    envs, no collector: the observation shape and number of actions are read from the checkpoint) and loaded from
-    it. ``greedy``: the argmax of the policy's logits or the Q-values (:func:`greedy_act`); else a sample from the
-    categorical over the logits (DQN acts greedily either way). Multi-agent trials: ValueError.
+    envs, no collector: the observation shape and number of actions, or SAC's action shape, are read from the
+    checkpoint) and loaded from it. ``greedy``: the argmax of the policy's logits or the Q-values, SAC's mean action
+    ``tanh(loc)`` (:func:`greedy_act`); else a sample from the categorical over the logits or from SAC's squashed
+    Gaussian (DQN acts greedily either way). SAC's action is a float32 array in [-1, 1]. Multi-agent trials:
+    ValueError.
     """
     if trial.env.multi_agent:
         raise ValueError(
@@ -453,8 +555,7 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
         folder = folder / ENGINE_DIR
     state = read_state(folder)
     check_algorithm(state, trial.algorithm)
-    dims = state["dims"]
-    learner = build_learner(trial=trial, obs_shape=tuple(dims["obs_shape"]), n_actions=int(dims["n_actions"]))
+    learner = build_learner(trial=trial, **state["dims"])
     learner.load_state_dict(state)
     for net in (getattr(learner, "qnet", None), getattr(learner, "actor_net", None)):
         if net is not None:
@@ -477,6 +578,45 @@ def clip_rewards_(data: TensorDictBase) -> TensorDictBase:
     reward = data.get(("next", "reward"))
     data.set(("next", "reward"), reward.sign())
     return data
+
+
+@dataclass
+class _Pending:
+    """The batches since the last point: their env steps, the episodes that ended in them, the seconds spent (summed)
+    and the learner's values (averaged over the batches that reported each; counts as they stand at the point)."""
+
+    env_steps: int = 0
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    times: dict[str, float] = field(default_factory=dict)
+    stats: list[dict[str, float]] = field(default_factory=list)
+
+    def add(
+        self,
+        *,
+        env_steps: int,
+        returns: list[float],
+        lengths: list[int],
+        times: dict[str, float],
+        values: dict[str, float],
+    ) -> None:
+        self.env_steps += env_steps
+        self.returns += returns
+        self.lengths += lengths
+        for k, v in times.items():
+            self.times[k] = self.times.get(k, 0.0) + v
+        self.stats.append(values)
+
+    def values(self) -> dict[str, float]:
+        out = {**self.times, **mean_stats(self.stats)}
+        for key in _AT_THE_POINT:  # counts and sizes: as they stand at the point, not averaged
+            last = next((stats[key] for stats in reversed(self.stats) if key in stats), None)
+            if last is not None:
+                out[key] = last
+        return out
+
+
+_AT_THE_POINT = (M.DIAG_UPDATES, M.DIAG_REPLAY_SIZE)
 
 
 def train_loop(
@@ -504,6 +644,10 @@ def train_loop(
         sampled, trained = resumed.env_steps_sampled, resumed.env_steps_trained
     sink.start_clock()
     batches = iter(collector)
+    # a point per collector batch, or, where batches are a few env steps (SAC's one step per batch), per
+    # ``learner.point_env_steps`` env steps at the least, as crossrl's replay optimizers report theirs
+    every = int(getattr(learner, "point_env_steps", 0))
+    pending = _Pending()
     while not sink.exhausted:
         t0 = time.perf_counter()
         try:
@@ -515,26 +659,31 @@ def train_loop(
         returns, lengths, episode_values = episodes(data)
         if reward_clip:
             clip_rewards_(data)
-        sampled += data.numel()
+        n_sampled = data.numel()
+        sampled += n_sampled
         n_trained, losses = learner.learn(data)
         trained += n_trained
         t2 = time.perf_counter()
         if n_trained or learner.always_sync:
             sync_weights(collector)
         t3 = time.perf_counter()
-        values = {
-            M.TIME_SAMPLE_S: t1 - t0,
-            M.TIME_LEARN_S: t2 - t1,
-            M.TIME_SYNC_WEIGHTS_S: t3 - t2,
-            **losses,
-            **episode_values,
-        }
+        pending.add(
+            env_steps=n_sampled,
+            returns=returns,
+            lengths=lengths,
+            times={M.TIME_SAMPLE_S: t1 - t0, M.TIME_LEARN_S: t2 - t1, M.TIME_SYNC_WEIGHTS_S: t3 - t2},
+            values={**losses, **episode_values},
+        )
+        budget = sink.trial.budget.env_steps
+        if pending.env_steps < every and (budget is None or sampled < budget):
+            continue
         sink.point(
             env_steps_sampled=sampled,
             env_steps_trained=trained,
-            episode_returns=returns,
-            episode_lengths=lengths,
-            values=values,
+            episode_returns=pending.returns,
+            episode_lengths=pending.lengths,
+            values=pending.values(),
         )
+        pending = _Pending()
         sink.checkpoint_if_due(learner.save)
     sink.final_checkpoint(learner.save)

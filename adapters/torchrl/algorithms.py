@@ -1,28 +1,31 @@
 """TorchRL learners: what happens to each collected batch (losses, value estimators, optimiser steps).
 
-One learner per algorithm family. Each takes the batch a TorchRL collector yields (time is the last
-batch dimension), trains on it, and returns how many env steps it trained on plus the losses under
-crossrl's common names. The adapter (:mod:`crossrl.adapters.torchrl.adapter`) owns envs, collectors, timing
+One learner per algorithm family (on-policy actor-critics, DQN, SAC). Each takes the batch a TorchRL collector
+yields (time is the last batch dimension), trains on it, and returns how many env steps it trained on plus the losses
+under crossrl's common names. The adapter (:mod:`crossrl.adapters.torchrl.adapter`) owns envs, collectors, timing
 and the metric sink; this module owns only the maths that TorchRL provides.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
 from torch import nn
+from torchrl.data import Bounded as BoundedSpec
 from torchrl.data import Categorical as CategoricalSpec
 from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.data.postprocs import MultiStep
 from torchrl.data.replay_buffers import RandomSampler
-from torchrl.modules import ConvNet, EGreedyModule, ProbabilisticActor, QValueActor, ValueOperator
-from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, ValueEstimators
+from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.modules import ConvNet, EGreedyModule, ProbabilisticActor, QValueActor, TanhNormal, ValueOperator
+from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, SACLoss, SoftUpdate, ValueEstimators
 from torchrl.objectives.value import GAE, VTrace
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
 
@@ -36,7 +39,9 @@ from crossrl.core.models import (
     image_shape,
     init_convs_,
 )
+from crossrl.core.sac_policy import NonFiniteError
 from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import CROSSRL_SETTINGS
 from crossrl.scenarios.spec import ModelSpec, Trial
 
 OBS_KEY = "observation"
@@ -52,11 +57,12 @@ PRIORITIZED_REPLAY_UNAVAILABLE = (
 # -- checkpoints ---------------------------------------------------------------------------------------------------
 #
 # A learner's checkpoint is one ``torch.save`` file (LEARNER_FILE: networks, target networks, optimiser, counters;
-# only tensors, numbers and strings, so it loads with ``weights_only=True``) and, for DQN, the replay buffer as
+# only tensors, numbers and strings, so it loads with ``weights_only=True``) and, for DQN and SAC, the replay buffer as
 # TorchRL's ``ReplayBuffer.dumps`` writes it (REPLAY_DIR: the storage memory-mapped, one file per key, and the
-# writer's cursor). The loss modules' hyperparameter buffers (entropy_coeff, clip_epsilon, critic_coeff, gamma ...)
-# are not restored: they come from the trial, which Population Based Training may have changed between a save and
-# a restore; so does the learning rate, re-applied to every param group after the optimiser's state is loaded.
+# writer's cursor). The loss modules' hyperparameter buffers (entropy_coeff, clip_epsilon, critic_coeff, gamma,
+# SAC's target entropy ...) are not restored: they come from the trial, which Population Based Training may have
+# changed between a save and a restore; so do the learning rates, re-applied to every param group after the
+# optimisers' states are loaded.
 
 LEARNER_FILE = "learner.pt"
 REPLAY_DIR = "replay"
@@ -71,13 +77,13 @@ def learned_state(loss: nn.Module) -> dict[str, torch.Tensor]:
 
 def common_state(learner: Any) -> dict[str, Any]:
     """What every learner's checkpoint starts with: the format, the algorithm, the dimensions its networks are built
-    for (``load_policy`` needs no env), the loss module's trained tensors and Adam's state."""
+    for (``learner.dims``: :func:`build_learner`'s keyword arguments, so ``load_policy`` needs no env) and the loss
+    module's trained tensors."""
     return {
         "format": STATE_FORMAT,
         "algorithm": learner.algo,
-        "dims": {"obs_shape": list(learner.obs_shape), "n_actions": learner.n_actions},
+        "dims": learner.dims,
         "loss": learned_state(learner.loss),
-        "optim": learner.optim.state_dict(),
     }
 
 
@@ -252,6 +258,7 @@ class OnPolicyLearner:
         self.trial = trial
         self.algo = trial.algorithm
         self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
+        self.dims: dict[str, Any] = {"obs_shape": list(obs_shape), "n_actions": n_actions}
         self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=trial.model)
         self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
         self.actor = build_actor(net=self.actor_net, n_actions=n_actions)
@@ -329,6 +336,7 @@ class OnPolicyLearner:
         """Actor and critic weights, Adam's state, the gradient-step count and IMPALA's batches not yet learned."""
         return {
             **common_state(self),
+            "optim": self.optim.state_dict(),
             "counters": {"grad_steps": self.grad_steps, "pending_frames": self._pending_frames},
             "pending": [_td_to_state(td) for td in self._pending],
         }
@@ -386,6 +394,7 @@ class DQNLearner:
         self.trial = trial
         self.algo = trial.algorithm
         self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
+        self.dims: dict[str, Any] = {"obs_shape": list(obs_shape), "n_actions": n_actions}
         spec = CategoricalSpec(n_actions)
         self.qnet = build_net(obs_shape=obs_shape, out_dim=n_actions, model=trial.model)
         self.qvalue = QValueActor(self.qnet, in_keys=[OBS_KEY], spec=spec)
@@ -457,6 +466,7 @@ class DQNLearner:
         """Q-network and target weights, Adam's state, epsilon, the counters; not the replay buffer (:meth:`save`)."""
         return {
             **common_state(self),
+            "optim": self.optim.state_dict(),
             "epsilon": self.greedy.eps.detach().clone(),
             "counters": {
                 "sampled": self._sampled,
@@ -516,9 +526,333 @@ class DQNLearner:
         }  # fmt: skip
 
 
-def build_learner(*, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> OnPolicyLearner | DQNLearner:
-    if trial.algorithm == "dqn":
-        return DQNLearner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
-    if trial.algorithm in ("ppo", "a2c", "a3c", "impala"):
-        return OnPolicyLearner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
-    raise ValueError(f"torchrl: no {trial.algorithm!r} (see adapters/registry.py for why)")
+# -- SAC ------------------------------------------------------------------------------------------------------------
+
+SAC_REPLAY_KEYS: tuple[str | tuple[str, str], ...] = (
+    OBS_KEY,
+    ACTION_KEY,
+    ("next", OBS_KEY),
+    ("next", "reward"),
+    ("next", "done"),
+    ("next", "terminated"),
+)
+"""What SACLoss reads of a transition (its in_keys), all a SAC replay buffer stores: smaller rows make ``extend``,
+``sample`` and the checkpoint's ``dumps`` (which writes the whole pre-allocated capacity) cheaper."""
+
+Q_KEY = "state_action_value"  # where a critic (ValueOperator) writes Q(s, a)
+
+SAC_N_STEP_UNAVAILABLE = (
+    "torchrl: sac runs with n_step 1 only. TorchRL 0.14.1's MultiStep looks ahead within one collector batch (with "
+    "sac's rollout_fragment 1, not at all: n_step would be silently 1) and keeps the first step's terminated flag, "
+    "so a window that reaches a termination bootstraps from the terminal state. Set n_step: 1 for sac on torchrl."
+)
+
+
+class LogStdScale(nn.Module):
+    """The actor MLP's output as ``(loc, scale)``: its first half the Gaussian's mean, its second the log std, clamped
+    to ``[log_std_min, log_std_max]`` and exponentiated, as crossrl's SACPolicy does. (TorchRL's own
+    ``NormalParamExtractor`` maps the scale by a biased softplus with a lower bound only.)"""
+
+    def __init__(self, log_std_min: float, log_std_max: float) -> None:
+        super().__init__()
+        self.log_std_min, self.log_std_max = log_std_min, log_std_max
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, log_std = x.chunk(2, dim=-1)
+        return loc, log_std.clamp(self.log_std_min, self.log_std_max).exp()
+
+    def extra_repr(self) -> str:
+        return f"log_std_min={self.log_std_min}, log_std_max={self.log_std_max}"
+
+
+class ConcatInputs(nn.Module):
+    """``net`` on its inputs concatenated along the last dimension: a critic's ``[observation, action]``
+    (a ``TensorDictModule`` passes one tensor per in_key; crossrl's MLP takes one)."""
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(torch.cat(inputs, dim=-1))
+
+
+class FiniteActions(nn.Module):
+    """The policy's actions, unchanged; a NaN or infinite one raises :class:`NonFiniteError` before the env is
+    stepped with it (nothing in TorchRL's collection checks actions)."""
+
+    def forward(self, action: torch.Tensor) -> torch.Tensor:
+        bad = ~torch.isfinite(action)
+        if bool(bad.any()):
+            at = tuple(int(i) for i in bad.nonzero()[0])
+            raise NonFiniteError(
+                f"torchrl sac: the policy's action is not finite ({float(action[at])} at index {list(at)}): the actor "
+                "diverged"
+            )
+        return action
+
+
+def build_sac_actor(*, net: nn.Module, action_shape: tuple[int, ...]) -> ProbabilisticActor:
+    """Squashed Gaussian policy over actions in [-1, 1] (TanhNormal, low -1, high 1: no affine map), ``loc`` and
+    ``scale`` from ``net`` through :class:`LogStdScale` at crossrl's ``log_std_min`` / ``log_std_max``. It samples
+    ``tanh(loc + scale * noise)`` (ExplorationType.RANDOM, its default and the collector's); under
+    ExplorationType.DETERMINISTIC it gives ``tanh(loc)`` (TanhNormal has no analytic mode: MODE raises)."""
+    settings = CROSSRL_SETTINGS["sac"]
+    scale = LogStdScale(float(settings["log_std_min"]), float(settings["log_std_max"]))
+    module = TensorDictModule(nn.Sequential(net, scale), in_keys=[OBS_KEY], out_keys=["loc", "scale"])
+    return ProbabilisticActor(
+        module,
+        in_keys=["loc", "scale"],
+        out_keys=[ACTION_KEY],
+        spec=BoundedSpec(low=-1.0, high=1.0, shape=action_shape),
+        distribution_class=TanhNormal,
+        distribution_kwargs={"low": -1.0, "high": 1.0},
+        default_interaction_type=InteractionType.RANDOM,
+    )
+
+
+class SACLearner:
+    """Soft actor-critic: ``SACLoss`` v2 (twin Q critics, no state-value network) with the TD(0) estimator,
+    ``SoftUpdate`` target critics, the learned temperature, three Adams (actor_lr, critic_lr, alpha_lr; eps 1e-8, no
+    gradient clipping) and a uniform ``ReplayBuffer`` of :data:`SAC_REPLAY_KEYS`. Actions in [-1, 1] (``env.actions:
+    unit``); the collector acts uniformly at random until ``learning_starts`` env steps (its init_random_frames, set
+    by the adapter), then with :attr:`policy`.
+
+    The networks are crossrl's SACPolicy's (``build_mlp``: the same sizes, initialisation and build order, so the same
+    seed gives the same initial weights): the actor ``obs -> hidden -> 2 x action dims`` (out_gain 0.01), each critic
+    ``[obs, action] -> hidden -> 1`` (out_gain 1). The two critics are built separately and handed to SACLoss as a
+    list: given one module, SACLoss re-samples both copies' weights uniformly between the module's min and max
+    (``LossModule.convert_to_functional``), losing the orthogonal initialisation. The actor's parameters in the loss
+    are the policy's own tensors, so the in-process collector acts with every update at once.
+
+    One update (:meth:`update`): SACLoss's three losses from one forward pass on the same pre-update parameters (the
+    actor's on detached critics, the critics' target under no_grad, the temperature's on the detached log-probability),
+    one summed backward (each parameter group gets exactly its own loss's gradient), the three Adam steps, then
+    ``SoftUpdate.step()``. crossrl's core steps the critics first and takes the actor's loss on the updated critics."""
+
+    def __init__(self, *, trial: Trial, obs_shape: Sequence[int], action_shape: Sequence[int]) -> None:
+        if int(trial.hp("n_step")) != 1:
+            raise NotImplementedError(SAC_N_STEP_UNAVAILABLE)
+        if trial.model.conv or len(obs_shape) != 1:
+            raise ValueError(
+                f"torchrl: sac takes flat observations and MLP models only; {trial.env.id} observes shape "
+                f"{list(obs_shape)}" + (" and algorithm.model.conv is set" if trial.model.conv else "")
+            )
+        self.trial = trial
+        self.algo = trial.algorithm
+        self.obs_shape, self.action_shape = tuple(obs_shape), tuple(action_shape)
+        self.dims: dict[str, Any] = {"obs_shape": list(obs_shape), "action_shape": list(action_shape)}
+        obs_dim, act_dim = self.obs_shape[0], math.prod(self.action_shape)
+        model = trial.model
+        self.actor_net = build_mlp(in_dim=obs_dim, out_dim=2 * act_dim, model=model, out_gain=0.01)
+        self.critic_nets = [build_mlp(in_dim=obs_dim + act_dim, out_dim=1, model=model, out_gain=1.0) for _ in range(2)]
+        self.actor = build_sac_actor(net=self.actor_net, action_shape=self.action_shape)
+        critics = [
+            ValueOperator(ConcatInputs(net), in_keys=[OBS_KEY, ACTION_KEY], out_keys=[Q_KEY])
+            for net in self.critic_nets
+        ]
+        self.policy = TensorDictSequential(
+            self.actor, TensorDictModule(FiniteActions(), in_keys=[ACTION_KEY], out_keys=[ACTION_KEY])
+        )
+        self.loss_kwargs: dict[str, Any] = {
+            "num_qvalue_nets": 2,
+            "loss_function": "l2",  # squared error, summed over the two critics (TorchRL defaults to smooth_l1)
+            "alpha_init": float(trial.hp("initial_alpha")),
+            "fixed_alpha": False,
+            "target_entropy": trial.hp("target_entropy"),  # 'auto': -(action dims), from the actor's spec
+            "delay_actor": False,
+            "delay_qvalue": True,
+        }
+        self.loss = SACLoss(self.actor, critics, **self.loss_kwargs)
+        self.gamma = float(trial.hp("gamma"))
+        self.loss.make_value_estimator(ValueEstimators.TD0, gamma=self.gamma)
+        self.tau = float(trial.hp("tau"))
+        self.target = SoftUpdate(self.loss, tau=self.tau)
+        self.optims = {
+            "actor": torch.optim.Adam(
+                list(self.loss.actor_network_params.values(True, True)), lr=float(trial.hp("actor_lr"))
+            ),
+            "critic": torch.optim.Adam(
+                list(self.loss.qvalue_network_params.values(True, True)), lr=float(trial.hp("critic_lr"))
+            ),
+            "alpha": torch.optim.Adam([self.loss.log_alpha], lr=float(trial.hp("alpha_lr"))),
+        }
+        self.batch_size = int(trial.hp("train_batch"))
+        self.buffer = ReplayBuffer(
+            storage=LazyTensorStorage(int(trial.hp("buffer_size"))),
+            sampler=RandomSampler(),
+            batch_size=self.batch_size,
+        )
+        self.learning_starts = int(trial.hp("learning_starts"))
+        self.updates_per_step = float(trial.hp("updates_per_step"))
+        self._sampled = 0
+        self._owed = 0.0  # replayed transitions owed under updates_per_step x train_batch per env step (carried)
+        self.updates = 0
+        self.always_sync = False  # the policy changes only when it trains
+        # batches of a few env steps: a point per this many env steps at the least (crossrl's replay optimizers' 1000)
+        self.point_env_steps = int(CROSSRL_SETTINGS["sac"]["steps_per_iteration"])
+
+    def learn(self, data: TensorDictBase) -> tuple[int, dict[str, float]]:
+        """Store the batch; once ``learning_starts`` env steps were sampled, ``updates_per_step`` updates per new env
+        step (a fractional remainder carries over to the next batch), as crossrl's sync_replay counts them."""
+        frames = data.numel()
+        self._sampled += frames
+        self.buffer.extend(data.reshape(-1).select(*SAC_REPLAY_KEYS))
+        if self._sampled < self.learning_starts:
+            return 0, self.diagnostics()
+        self._owed += frames * self.updates_per_step * self.batch_size
+        stats: list[dict[str, float]] = []
+        while self._owed >= self.batch_size:
+            stats.append(self.update())
+            self._owed -= self.batch_size
+        return len(stats) * self.batch_size, {**mean_stats(stats), **self.diagnostics()}
+
+    def update(self) -> dict[str, float]:
+        """One SAC update on a ``train_batch`` replay sample; its losses under crossrl's names (``value_loss``: the
+        two critics' mean squared errors summed, as crossrl's core) and the first critic's mean Q of the replayed
+        pairs before the update."""
+        batch = self.buffer.sample()
+        q = self.first_critic_q(batch)
+        out = self.loss(batch)
+        (out["loss_actor"] + out["loss_qvalue"] + out["loss_alpha"]).backward()
+        for optim in self.optims.values():
+            optim.step()
+            optim.zero_grad(set_to_none=True)
+        self.target.step()
+        self.updates += 1
+        # the critics' values first, as crossrl's core orders them: a diverged critic is named by the sink as such
+        return {
+            M.VALUE_LOSS: as_float(out["loss_qvalue"]),
+            M.DIAG_Q_MEAN: as_float(q),
+            M.POLICY_LOSS: as_float(out["loss_actor"]),
+            M.ENTROPY: as_float(out["entropy"]),
+            M.DIAG_ALPHA: as_float(out["alpha"]),  # the temperature this update's losses used
+            M.DIAG_ALPHA_LOSS: as_float(out["loss_alpha"]),
+        }
+
+    def first_critic_q(self, batch: TensorDictBase) -> torch.Tensor:
+        """Q of the first critic (SACLoss's stacked parameters, index 0) on the batch's (observation, action) pairs:
+        SACLoss computes it but returns only the losses."""
+        critic = self.loss.qvalue_network
+        with torch.no_grad(), self.loss.qvalue_network_params[0].to_module(critic):
+            return critic(batch.select(OBS_KEY, ACTION_KEY)).get(Q_KEY)
+
+    def diagnostics(self) -> dict[str, float]:
+        """Reported at every point, learning or not: the exploration epsilon as crossrl's core reports it for sac (1:
+        the collector's next batch is uniformly random, 0: the policy acts), replay size, updates so far."""
+        return {
+            M.DIAG_EPSILON: 1.0 if self._sampled < self.learning_starts else 0.0,
+            M.DIAG_REPLAY_SIZE: float(len(self.buffer)),
+            M.DIAG_UPDATES: float(self.updates),
+        }
+
+    def act_fn(self, *, deterministic: bool) -> Callable[[Any], np.ndarray]:
+        """The policy for ONE observation: ``tanh(loc)`` (``deterministic``: ExplorationType.DETERMINISTIC) or a
+        sample of the squashed Gaussian, as a float32 array of the action's shape (in [-1, 1])."""
+        mode = ExplorationType.DETERMINISTIC if deterministic else ExplorationType.RANDOM
+
+        def act(obs: Any) -> np.ndarray:
+            td = TensorDict({OBS_KEY: torch.as_tensor(obs, dtype=torch.float32)[None]}, batch_size=[1])
+            with torch.no_grad(), set_exploration_type(mode):
+                return self.policy(td).get(ACTION_KEY)[0].numpy()
+
+        return act
+
+    # -- checkpoints (see LEARNER_FILE) ---------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Actor, critics, target critics, ``log_alpha``, the three Adams' states and the counters; not the replay
+        buffer (:meth:`save`)."""
+        return {
+            **common_state(self),
+            "log_alpha": self.loss.log_alpha.detach().clone(),
+            "optim": {name: optim.state_dict() for name, optim in self.optims.items()},
+            "counters": {"sampled": self._sampled, "owed": self._owed, "updates": self.updates},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_algorithm(state, self.algo)
+        load_learned_state(self.loss, state["loss"])
+        with torch.no_grad():
+            self.loss.log_alpha.copy_(state["log_alpha"])
+        for name, optim in self.optims.items():  # each at the trial's own learning rate (<name>_lr)
+            load_optimizer(optim, state["optim"][name], float(self.trial.hp(f"{name}_lr")))
+        c = state["counters"]
+        self._sampled, self._owed, self.updates = int(c["sampled"]), float(c["owed"]), int(c["updates"])
+
+    def save(self, folder: Path) -> dict[str, Any]:
+        """The learner's whole state into ``folder``: :meth:`state_dict` and the replay buffer, saved too
+        (``ReplayBuffer.dumps``: :data:`SAC_REPLAY_KEYS` over the whole pre-allocated capacity, memory-mapped, and
+        the writer's cursor), so a resumed trial trains on the transitions it had."""
+        save_state(folder, self.state_dict())
+        files = [LEARNER_FILE]
+        if len(self.buffer):  # TorchRL cannot dump a storage that holds nothing yet
+            self.buffer.dumps(folder / REPLAY_DIR)
+            files.append(REPLAY_DIR)
+        return {"learner": type(self).__name__, "algorithm": self.algo, "updates": self.updates,
+                "replay_size": len(self.buffer), "alpha": float(self.loss.log_alpha.detach().exp()),
+                "files": files}  # fmt: skip
+
+    def restore(self, folder: Path, *, replay: bool = True) -> None:
+        self.load_state_dict(read_state(folder))
+        if replay and (Path(folder) / REPLAY_DIR).is_dir():
+            self.buffer.loads(Path(folder) / REPLAY_DIR)
+
+    def native(self) -> dict[str, Any]:
+        settings = CROSSRL_SETTINGS["sac"]
+        return {
+            "loss": {"class": "SACLoss", "kwargs": self.loss_kwargs, "version": "v2 (no state-value network)",
+                     "target_entropy": float(self.loss.target_entropy)},
+            "value_estimator": {"class": "TD0Estimator", "kwargs": {"gamma": self.gamma},
+                                "bootstraps_on": "next.terminated (a truncated episode bootstraps)"},
+            "target_network": {"class": "SoftUpdate", "kwargs": {"tau": self.tau}, "stepped": "after every update"},
+            "actor": {"class": "ProbabilisticActor", "distribution": "TanhNormal(low=-1, high=1)",
+                      "scale": f"exp(clamp(log_std, {settings['log_std_min']}, {settings['log_std_max']}))",
+                      "deterministic_action": "tanh(loc) (ExplorationType.DETERMINISTIC)"},
+            "replay_buffer": {"class": "ReplayBuffer", "storage": f"LazyTensorStorage({self.buffer._storage.max_size})",
+                              "sampler": "RandomSampler (uniform, with replacement)", "batch_size": self.batch_size,
+                              "keys": [list(k) if isinstance(k, tuple) else k for k in SAC_REPLAY_KEYS]},
+            "learning_starts_env_steps": self.learning_starts,
+            "random_actions": "uniform over the action spec until learning_starts env steps (collector "
+                              "init_random_frames, rounded up to whole batches)",
+            "updates_per_step": self.updates_per_step,
+            "optimizers": {name: {"class": "torch.optim.Adam", "lr": o.defaults["lr"], "eps": o.defaults["eps"]}
+                           for name, o in self.optims.items()},
+            "grad_clip_norm": None,
+            "update": "SACLoss's actor, critic and temperature losses from one forward pass on the pre-update "
+                      "parameters, one summed backward, three Adam steps, SoftUpdate.step()",
+            "networks": {"actor": repr(self.actor_net), "critic": repr(self.critic_nets[0]), "critics": 2,
+                         "actor_params": count_params(self.actor_net),
+                         "critic_params": [count_params(net) for net in self.critic_nets]},
+        }  # fmt: skip
+
+
+Learner = OnPolicyLearner | DQNLearner | SACLearner
+
+
+def build_learner(
+    *,
+    trial: Trial,
+    obs_shape: Sequence[int],
+    n_actions: int | None = None,
+    action_shape: Sequence[int] | None = None,
+) -> Learner:
+    """The trial's learner, for observations of ``obs_shape`` and either ``n_actions`` discrete actions (PPO, A2C,
+    A3C, IMPALA, DQN) or continuous actions of ``action_shape`` in [-1, 1] (SAC). The arguments are what a
+    checkpoint's ``dims`` holds."""
+    algo = trial.algorithm
+    if algo not in ("ppo", "a2c", "a3c", "impala", "dqn", "sac"):
+        raise ValueError(f"torchrl: no {algo!r} (see adapters/registry.py for why)")
+    if algo == "sac":
+        if action_shape is None:
+            raise ValueError(
+                f"torchrl: sac needs continuous (Box) actions; {trial.env.id} has {n_actions} discrete ones"
+            )
+        return SACLearner(trial=trial, obs_shape=obs_shape, action_shape=action_shape)
+    if n_actions is None:
+        raise ValueError(
+            f"torchrl: {algo} takes discrete actions only on torchrl (sac takes continuous ones); {trial.env.id} has "
+            f"continuous actions of shape {list(action_shape or ())}"
+        )
+    if algo == "dqn":
+        return DQNLearner(trial=trial, obs_shape=tuple(obs_shape), n_actions=n_actions)
+    return OnPolicyLearner(trial=trial, obs_shape=tuple(obs_shape), n_actions=n_actions)

@@ -149,7 +149,7 @@ def test_unsupported_combinations_are_listed_with_what_is_supported() -> None:
     spec = validate(with_("algorithm.name", "a2c"), label="a")
     bad = unsupported(spec.trials())
     assert {t.engine for t, _ in bad} == {"rllib"}
-    assert "RLlib 2.60 has no A2C" in bad[0][1] and "rllib supports: ppo, impala, dqn" in bad[0][1]
+    assert "RLlib 2.60 has no A2C" in bad[0][1] and "rllib supports: ppo, impala, dqn, sac" in bad[0][1]
 
 
 def test_spec_is_immutable() -> None:

@@ -140,7 +140,7 @@ def test_a_trial_run_refuses_makes_validate_exit_2_unless_it_is_skipped(tmp_path
     out = cli("validate", path)
     assert out.exit_code == 2 and "ok" not in out.stdout, out.output
     assert errors(out)[0].endswith("t.yaml: unsupported: rllib-a2c-w1-s0: RLlib 2.60 has no A2C (removed from RLlib; "
-                                   "rllib_contrib only); rllib supports: ppo, impala, dqn")  # fmt: skip
+                                   "rllib_contrib only); rllib supports: ppo, impala, dqn, sac")  # fmt: skip
     assert "--skip-unsupported" in errors(out)[-1]
     out = cli("validate", path, "--skip-unsupported")
     assert out.exit_code == 0, out.output
@@ -213,7 +213,9 @@ def test_an_algorithm_that_needs_discrete_actions_on_a_continuous_env(tmp_path: 
 def test_sac_needs_bounded_continuous_actions_and_an_mlp(tmp_path: Path) -> None:
     [line] = errors(out := cli("validate", write(tmp_path, spec(algorithm={"name": "sac"}))))
     assert out.exit_code == 2
-    assert line.startswith("error: t.yaml: algorithm.name: sac needs continuous (Box) actions") and "CartPole-v1" in line
+    assert (
+        line.startswith("error: t.yaml: algorithm.name: sac needs continuous (Box) actions") and "CartPole-v1" in line
+    )
     assert "use dqn, ppo" in line and "Pendulum-v1" in line  # what fits instead, both ways
     conv = {"name": "sac", "model": {"conv": [[16, 3, 1]]}}
     lines = errors(out := cli("validate", write(tmp_path, spec(env={"id": "Pendulum-v1"}, algorithm=conv))))
@@ -530,7 +532,7 @@ def test_the_checks_learn_envs_and_engines_from_their_probes() -> None:
     checked = check_raw(spec(engines=["crossrl", "toy"], algorithm={"name": "dqn"}), probes, label="t.yaml")
     assert checked.problems == [
         "t.yaml: algorithm.name: dqn needs discrete actions (one Q-value per action), but CartPole-v1 has "
-        "Box(-1.0, 1.0, (2,), float32); use ppo, a2c, a3c or impala (they take continuous actions too), or an env "
+        "Box(-1.0, 1.0, (2,), float32); use sac (continuous actions), ppo, a2c, a3c or impala (they take continuous actions too), or an env "
         "with discrete actions"
     ]
     checked = check_raw(spec(engines=["crossrl", "toy"]), probes, label="t.yaml")
