@@ -1460,6 +1460,39 @@ def bench_e2e_cmd(
                 results_dir=results_dir, store=True, console=console)  # fmt: skip
 
 
+@bench_app.command("sac")
+def bench_sac_cmd(
+    env_id: Annotated[str, typer.Option("--env", help="a gymnasium id with bounded Box actions")] = "Pendulum-v1",
+    engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib,torchrl",
+    env_steps: Annotated[int, typer.Option("--env-steps", min=200, help="env steps per trial")] = 2500,
+    learning_starts: Annotated[int, typer.Option("--learning-starts", min=1)] = 500,
+    json_out: JsonOut = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    no_store: NoStore = False,
+) -> None:
+    """SAC's speed in the learner: env steps and gradient updates per second per engine (one worker, one update of
+    256 per env step, MLPs [256, 256]), against a plain torch SAC update loop measured in the same run."""
+    from crossrl.measure.bench.commands import bench_sac
+    from crossrl.measure.bench.results import print_sac_table
+
+    if learning_starts >= env_steps:
+        _fail([f"--learning-starts ({learning_starts}) must be below --env-steps ({env_steps}): nothing would train"])
+    console = _console()
+    try:
+        table = bench_sac(
+            env_id=env_id,
+            engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
+            env_steps=env_steps,
+            learning_starts=learning_starts,
+            progress=console.print,
+        )
+    except ValueError as e:
+        _fail([str(e)])
+    _emit_bench("sac", table, print_sac_table, json_out=json_out, tracking_uri=tracking_uri,
+                results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
+
+
 @bench_app.command("sweep")
 def bench_sweep_cmd(
     scenario: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")] = "smoke",

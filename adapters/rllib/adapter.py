@@ -565,6 +565,16 @@ def sac_values(policy: Mapping[str, Any]) -> dict[str, float | None]:
     }
 
 
+def obs_batch(obs: Any) -> Any:
+    """One observation as a batch of one for an RLModule: float64 (MuJoCo's) as float32, as the env runners'
+    connectors give it; other dtypes (uint8 frames) as they are."""
+    import numpy as np
+    import torch
+
+    arr = np.asarray(obs)
+    return torch.as_tensor(arr.astype(np.float32) if arr.dtype == np.float64 else arr)[None]
+
+
 def greedy_act(algo: Any, *, sac: bool = False) -> Callable[[Any], Any]:
     """The final policy's deterministic action for one observation: the learner's weights in the RLModule that
     ``algo.get_module()`` returns, its ``forward_inference`` (DQN: the argmax of the Q-values; PPO and IMPALA: the
@@ -578,7 +588,7 @@ def greedy_act(algo: Any, *, sac: bool = False) -> Callable[[Any], Any]:
 
     def act(obs: Any) -> Any:
         with torch.no_grad():
-            out = module.forward_inference({"obs": torch.as_tensor(obs)[None]})
+            out = module.forward_inference({"obs": obs_batch(obs)})
         if "actions" in out:
             return int(out["actions"][0])
         if sac:
@@ -805,7 +815,6 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
             f"{trial.name}: load_policy acts for one single-agent observation; an RLlib multi-agent checkpoint holds "
             "one RLModule per policy id under learner_group/learner/rl_module/<policy id>"
         )
-    import numpy as np
     import torch
     from gymnasium import spaces
     from ray.rllib.core import (
@@ -834,7 +843,7 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
         t = int(trial.hyperparams.get("epsilon_timesteps", 0))  # DQN: its final epsilon
 
     def act(obs: Any) -> Any:
-        batch = {"obs": torch.as_tensor(np.asarray(obs))[None]}
+        batch = {"obs": obs_batch(obs)}
         with torch.no_grad():
             out = module.forward_inference(batch) if greedy else module.forward_exploration(batch, t=t)
             if "actions" in out:

@@ -35,7 +35,16 @@ import torchrl
 from tensordict import TensorDictBase
 from torchrl.data import Bounded as BoundedSpec
 from torchrl.data import Categorical as CategoricalSpec
-from torchrl.envs import Compose, EnvBase, GymWrapper, RewardSum, SerialEnv, StepCounter, TransformedEnv
+from torchrl.envs import (
+    Compose,
+    DoubleToFloat,
+    EnvBase,
+    GymWrapper,
+    RewardSum,
+    SerialEnv,
+    StepCounter,
+    TransformedEnv,
+)
 
 from crossrl.adapters.base import MetricSink, send_clip
 from crossrl.adapters.checkpoints import ENGINE_DIR, Resumed
@@ -238,8 +247,12 @@ def make_torchrl_env(env_spec: EnvSpec, num_envs: int, *, worker_process: bool =
     return TransformedEnv(base, Compose(StepCounter(), RewardSum()))
 
 
-def _gym_env(env_spec: EnvSpec) -> GymWrapper:
-    return GymWrapper(make_env(env_spec), categorical_action_encoding=True)
+def _gym_env(env_spec: EnvSpec) -> EnvBase:
+    """The spec's env in TorchRL's ``GymWrapper``; float64 observations (MuJoCo's) as float32 (``DoubleToFloat``), as
+    every engine's networks take them (crossrl's core and RLlib cast them likewise)."""
+    env = GymWrapper(make_env(env_spec), categorical_action_encoding=True)
+    doubles = [key for key, spec in env.observation_spec.items(True, True) if spec.dtype == torch.float64]
+    return TransformedEnv(env, DoubleToFloat(in_keys=doubles)) if doubles else env
 
 
 def learner_dims(env_spec: EnvSpec) -> dict[str, Any]:

@@ -519,3 +519,99 @@ def _time_help(n: int) -> list[float]:
         subprocess.run(cmd, check=True, capture_output=True, env=env, timeout=120)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def bench_sac(
+    *,
+    env_id: str = "Pendulum-v1",
+    engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
+    env_steps: int = 2500,
+    learning_starts: int = 500,
+    hidden: Sequence[int] = (256, 256),
+    train_batch: int = 256,
+    limit_seconds: float = 15.0,
+    progress: Progress | None = None,
+) -> Any:
+    """SAC's speed where it spends it, in the learner: a short SAC trial per engine through the real runner (one
+    worker, one env, one update per env step of ``train_batch``) and, before and after them, the limit: a plain torch
+    SAC update loop with the same networks and batch in a fresh process (:mod:`crossrl.measure.bench.sac_limit`).
+    Each engine's env steps and gradient updates per second are read off its points from the first one past
+    ``learning_starts`` to its last (so its random warm-up and set-up are left out)."""
+    from crossrl.measure.bench.results import SacTable
+    from crossrl.orchestration.runner import run_scenario
+    from crossrl.reports.store import ResultsStore
+    from crossrl.scenarios.spec import ScenarioSpec
+
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": f"bench-sac-{env_id.lower()}",
+            "env": {"id": env_id},
+            "algorithm": {
+                "name": "sac",
+                "hyperparams": {
+                    "learning_starts": learning_starts,
+                    "train_batch": train_batch,
+                    "updates_per_step": 1.0,
+                },
+                "model": {"hidden": list(hidden), "activation": "relu"},
+            },
+            "engines": list(engines),
+            "execution": {"workers": [1], "envs_per_worker": 1},
+            "budget": {"env_steps": env_steps, "wall_seconds": 3600},
+            "seeds": [0],
+        }
+    )
+    import math
+
+    import gymnasium as gym
+
+    from crossrl.core.envs import make_env
+
+    probe = make_env(spec.trials()[0].env)
+    if not isinstance(probe.action_space, gym.spaces.Box):
+        probe.close()
+        raise ValueError(f"--env: {env_id} has {probe.action_space} actions; SAC needs bounded continuous (Box) ones")
+    obs_dim = math.prod(probe.observation_space.shape or ())
+    act_dim = math.prod(probe.action_space.shape or ())
+    probe.close()
+    limits = [_sac_limit(obs_dim, act_dim, hidden, train_batch, limit_seconds, progress)]
+    with tempfile.TemporaryDirectory(prefix="crossrl-bench-sac-") as tmp:
+        outcome = run_scenario(spec, store=ResultsStore(results_dir=Path(tmp)), command="crossrl bench sac")
+        rows = []
+        for result in outcome.results:
+            points = [p for _, p in result.points]
+            rows.append(_sac_row(result.trial.engine, result.status, points, learning_starts))
+            _say(progress, f"{result.trial.name}: {result.status}")
+    limits.append(_sac_limit(obs_dim, act_dim, hidden, train_batch, limit_seconds, progress))
+    return SacTable(env=env_id, hidden=list(hidden), train_batch=train_batch, rows=rows, limit_updates_per_s=limits,
+                    parent_run_id=outcome.parent_id)  # fmt: skip
+
+
+def _sac_limit(
+    obs_dim: int, act_dim: int, hidden: Sequence[int], batch: int, seconds: float, progress: Progress | None
+) -> float:
+    """The plain torch loop's updates per second, in a fresh process with one torch thread."""
+    import json as _json
+
+    args = [str(obs_dim), str(act_dim), ",".join(str(h) for h in hidden), str(batch), str(seconds)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "crossrl.measure.bench.sac_limit", *args], env=env,
+                         capture_output=True, text=True, check=True, timeout=seconds * 10 + 120)  # fmt: skip
+    rate = float(_json.loads(out.stdout.strip().splitlines()[-1])["updates_per_s"])
+    _say(progress, f"limit (plain torch SAC updates): {rate:.1f} updates/s")
+    return rate
+
+
+def _sac_row(engine: str, status: str, points: Sequence[dict[str, float]], learning_starts: int) -> Any:
+    from crossrl.measure.bench.results import SacRow
+
+    learning = [p for p in points if p.get(M.ENV_STEPS_SAMPLED, 0) > learning_starts and M.DIAG_UPDATES in p]
+    if len(learning) < 2:
+        return SacRow(engine, status, None, None)
+    first, last = learning[0], learning[-1]
+    dt = last[M.WALL_TIME_S] - first[M.WALL_TIME_S]
+    if dt <= 0:
+        return SacRow(engine, status, None, None)
+    steps = (last[M.ENV_STEPS_SAMPLED] - first[M.ENV_STEPS_SAMPLED]) / dt
+    updates = (last[M.DIAG_UPDATES] - first[M.DIAG_UPDATES]) / dt
+    return SacRow(engine, status, steps, updates)

@@ -832,3 +832,78 @@ def layout_sweep_figure(sweep: LayoutSweep, path: Path) -> Path:
         # "tight" grows the canvas to what was drawn: the width estimate above can fall short of a long label
         fig.savefig(path, format="png", dpi=120, bbox_inches="tight", pad_inches=0.1)
     return path
+
+
+@dataclass
+class SacRow:
+    """One engine's SAC trial in ``crossrl bench sac``: env steps and gradient updates per second of training after
+    learning started (from its first point past ``learning_starts`` to its last)."""
+
+    engine: str
+    status: str
+    env_steps_per_s: float | None
+    updates_per_s: float | None
+
+
+@dataclass
+class SacTable:
+    env: str
+    hidden: list[int]
+    train_batch: int
+    rows: list[SacRow]
+    limit_updates_per_s: list[float]  # the plain torch loop, measured before and after the trials
+    parent_run_id: str = ""
+
+    @property
+    def limit(self) -> float | None:
+        return statistics.median(self.limit_updates_per_s) if self.limit_updates_per_s else None
+
+    def to_limit(self, engine: str) -> float | None:
+        """``engine``'s updates/s over the limit's (the median of its measurements)."""
+        row = next((r for r in self.rows if r.engine == engine), None)
+        return _ratio(row.updates_per_s if row else None, self.limit)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "hidden": self.hidden,
+            "train_batch": self.train_batch,
+            "parent_run_id": self.parent_run_id,
+            "limit_updates_per_s": self.limit_updates_per_s,
+            "rows": [{**asdict(r), "to_limit": self.to_limit(r.engine)} for r in self.rows],
+        }
+
+    def to_json(self, path: Path) -> Path:
+        return write_result(path, "sac", self.to_dict())
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for r in self.rows:
+            if r.updates_per_s is not None:
+                out[f"{r.engine}.updates_per_s"] = r.updates_per_s
+            if r.env_steps_per_s is not None:
+                out[f"{r.engine}.env_steps_per_s"] = r.env_steps_per_s
+        if self.limit is not None:
+            out["limit.updates_per_s"] = self.limit
+        return out
+
+
+def print_sac_table(table: SacTable, *, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"bench sac: {table.env}, MLPs {table.hidden}, batches of {table.train_batch}")
+    for col in ("engine", "status", "env steps/s", "updates/s", "x limit"):
+        t.add_column(col, justify="left" if col in ("engine", "status") else "right")
+    for r in table.rows:
+        t.add_row(
+            r.engine, r.status, _fmt(r.env_steps_per_s, ".1f"), _fmt(r.updates_per_s, ".1f"),
+            _fmt(table.to_limit(r.engine), ".2f"),
+        )  # fmt: skip
+    con = console or Console()
+    con.print(t)
+    limits = ", ".join(f"{x:.1f}" for x in table.limit_updates_per_s)
+    con.print(
+        f"limit: a plain torch SAC update loop, the same networks and batch, one thread: {limits} updates/s (before and "
+        "after the trials; x limit against their median)"
+    )
