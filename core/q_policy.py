@@ -134,32 +134,10 @@ class QPolicy(Policy):
         Keeps only what replay needs (:data:`REPLAY_COLUMNS`, VALID, PRIORITIES): transitions are
         shipped to the replay buffer and stored there, so unused columns would cost bandwidth and memory.
         """
-        valid = batch.get(sb.VALID)
-        returns, discounts, last = maths.n_step_returns(
-            rewards=batch[sb.REWARDS],
-            terminated=batch[sb.TERMINATEDS],
-            truncated=batch[sb.TRUNCATEDS],
-            valid=valid,
-            gamma=self.gamma,
-            n=self.n_step,
-        )
-        envs = np.arange(returns.shape[1])[None, :]
-        out = SampleBatch(
-            {
-                sb.OBS: batch[sb.OBS],
-                sb.ACTIONS: batch[sb.ACTIONS],
-                sb.N_STEP_RETURNS: returns.astype(np.float32),
-                sb.N_STEP_DISCOUNTS: discounts.astype(np.float32),
-                sb.N_STEP_NEXT_OBS: batch[sb.NEXT_OBS][last, envs],
-            },
-            time_major=True,
-            episode_returns=batch.episode_returns,
-            episode_lengths=batch.episode_lengths,
-        )
-        if valid is not None:
-            out[sb.VALID] = valid
+        out = n_step_batch(batch, gamma=self.gamma, n=self.n_step)
         if self.hp["prioritized_replay"]:
-            out[sb.PRIORITIES] = np.abs(self._np_td_error(out)).reshape(returns.shape).astype(np.float32)
+            shape = out[sb.N_STEP_RETURNS].shape
+            out[sb.PRIORITIES] = np.abs(self._np_td_error(out)).reshape(shape).astype(np.float32)
         return out
 
     def _np_td_error(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -278,6 +256,37 @@ class QPolicy(Policy):
         # Weights from an older copy may lack the target: then the online net stands in for it.
         self.target.load_state_dict(target or online)
         self._weights_changed()
+
+
+def n_step_batch(batch: SampleBatch, *, gamma: float, n: int) -> SampleBatch:
+    """A time-major sample batch as the replay optimizers store it (:data:`REPLAY_COLUMNS`, and VALID when it has
+    one): observations, actions, n-step returns and discounts, the observation n steps on
+    (:func:`crossrl.core.maths.n_step_returns`); the episodes' statistics ride along. DQN's and SAC's postprocessing."""
+    valid = batch.get(sb.VALID)
+    returns, discounts, last = maths.n_step_returns(
+        rewards=batch[sb.REWARDS],
+        terminated=batch[sb.TERMINATEDS],
+        truncated=batch[sb.TRUNCATEDS],
+        valid=valid,
+        gamma=gamma,
+        n=n,
+    )
+    envs = np.arange(returns.shape[1])[None, :]
+    out = SampleBatch(
+        {
+            sb.OBS: batch[sb.OBS],
+            sb.ACTIONS: batch[sb.ACTIONS],
+            sb.N_STEP_RETURNS: returns.astype(np.float32),
+            sb.N_STEP_DISCOUNTS: discounts.astype(np.float32),
+            sb.N_STEP_NEXT_OBS: batch[sb.NEXT_OBS][last, envs],
+        },
+        time_major=True,
+        episode_returns=batch.episode_returns,
+        episode_lengths=batch.episode_lengths,
+    )
+    if valid is not None:
+        out[sb.VALID] = valid
+    return out
 
 
 def linear_epsilon(*, env_steps: int, initial: float, final: float, timesteps: int) -> float:

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from crossrl.core import maths
 from crossrl.core import sample_batch as sb
 from crossrl.core.numpy_net import NpLayer, np_forward, np_layers
 from crossrl.core.policy import Policy
+from crossrl.core.q_policy import n_step_batch
 from crossrl.core.sample_batch import SampleBatch
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ModelSpec
@@ -158,31 +158,7 @@ class SACPolicy(Policy):
     # -- postprocessing (on the worker) ----------------------------------------------------------------------------
     def postprocess_trajectory(self, batch: SampleBatch) -> SampleBatch:
         """n-step columns for a time-major batch (:data:`~crossrl.core.q_policy.REPLAY_COLUMNS`), nothing else."""
-        valid = batch.get(sb.VALID)
-        returns, discounts, last = maths.n_step_returns(
-            rewards=batch[sb.REWARDS],
-            terminated=batch[sb.TERMINATEDS],
-            truncated=batch[sb.TRUNCATEDS],
-            valid=valid,
-            gamma=self.gamma,
-            n=self.n_step,
-        )
-        envs = np.arange(returns.shape[1])[None, :]
-        out = SampleBatch(
-            {
-                sb.OBS: batch[sb.OBS],
-                sb.ACTIONS: batch[sb.ACTIONS],
-                sb.N_STEP_RETURNS: returns.astype(np.float32),
-                sb.N_STEP_DISCOUNTS: discounts.astype(np.float32),
-                sb.N_STEP_NEXT_OBS: batch[sb.NEXT_OBS][last, envs],
-            },
-            time_major=True,
-            episode_returns=batch.episode_returns,
-            episode_lengths=batch.episode_lengths,
-        )
-        if valid is not None:
-            out[sb.VALID] = valid
-        return out
+        return n_step_batch(batch, gamma=self.gamma, n=self.n_step)
 
     # -- learning --------------------------------------------------------------------------------------------------
     def learn_on_replay_batch(self, batch: Mapping[str, np.ndarray]) -> tuple[dict[str, float], np.ndarray]:

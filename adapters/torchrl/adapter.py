@@ -687,9 +687,10 @@ def train_loop(
             times={M.TIME_SAMPLE_S: t1 - t0, M.TIME_LEARN_S: t2 - t1, M.TIME_SYNC_WEIGHTS_S: t3 - t2},
             values={**losses, **episode_values},
         )
-        budget = sink.trial.budget.env_steps
-        if pending.env_steps < every and (budget is None or sampled < budget):
-            continue
+        if every and pending.env_steps < every:
+            budget = sink.trial.budget.env_steps
+            if budget is None or sampled < budget:
+                continue
         sink.point(
             env_steps_sampled=sampled,
             env_steps_trained=trained,

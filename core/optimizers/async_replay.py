@@ -236,12 +236,12 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         with self._lock:
             learn_stats, self._learn_stats = self._learn_stats, []
             stats.env_steps_trained = self._trained - trained_before
+            stats.values[M.DIAG_UPDATES] = float(self._sgd_steps)
             self._timers[M.TIME_LEARN_S] = self._learn_s
             self._learn_s = 0.0
         stats.values.update(mean_stats(learn_stats))
         stats.values["weights_version"] = float(self._weights_version)
         stats.values[M.DIAG_REPLAY_SIZE] = float(sum(self.replay_sizes()))
-        stats.values[M.DIAG_UPDATES] = float(self._sgd_steps)
         return self._account(stats)
 
     # -- learner thread ------------------------------------------------------------------------------
@@ -278,18 +278,18 @@ class AsyncReplayOptimizer(PolicyOptimizer):
                 learn_stats, td = self.policy.learn_on_replay_batch({**columns, sb.WEIGHTS: weights})
                 if len(ids):
                     self.shards[j].update_priorities.remote(ids, td)
-                self._sgd_steps += 1
                 with self._lock:
                     sampled = self._sampled
                 target_update = self.policy.target_update
                 if target_update is not None and sampled - self._last_target_sync >= target_update:
                     self.policy.update_target()
                     self._last_target_sync = sampled
-                if self._sgd_steps % self.weights_every == 0:
+                if (self._sgd_steps + 1) % self.weights_every == 0:
                     ref = ray.put(self.policy.acting_weights())
                     with self._lock:
                         self._weights_ref, self._weights_version = ref, self._weights_version + 1
-                with self._lock:
+                with self._lock:  # the update's count and its transitions trained move together
+                    self._sgd_steps += 1
                     self._trained += self.train_batch
                     self._learn_stats.append(learn_stats)
                     self._learn_s += time.perf_counter() - t0

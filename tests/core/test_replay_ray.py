@@ -147,7 +147,7 @@ def test_sac_under_both_replay_optimizers_trains_and_survives_a_killed_evaluator
         assert key in last and last[key] == last[key], key
     # half an update of 32 per env step after learning_starts; the asynchronous learner may lag, never lead
     updates = last[M.DIAG_UPDATES]
-    assert updates == pytest.approx(last[M.ENV_STEPS_TRAINED] / 32, abs=2)  # the learner thread runs on meanwhile
+    assert updates == last[M.ENV_STEPS_TRAINED] / 32  # counted together, even with a learner thread running on
     assert updates <= 0.5 * last[M.ENV_STEPS_SAMPLED]
     if optimizer == "sync_replay":
         assert updates >= 0.5 * (last[M.ENV_STEPS_SAMPLED] - 200) - 2
