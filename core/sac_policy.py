@@ -198,14 +198,12 @@ class SACPolicy(Policy):
         return self._torch.weights()
 
     def acting_weights(self) -> dict[str, np.ndarray]:
-        """The actor's weights alone (``actor.*``): what a sampling evaluator acts with."""
-        if (
-            self._torch is None
-            and self._np_weights is not None
-            and any(k.startswith(ACTOR + ".") for k in self._np_weights)
-        ):
-            return {k: v for k, v in self._np_weights.items() if k.startswith(ACTOR + ".")}
-        return {k: v for k, v in self.get_weights().items() if k.startswith(ACTOR + ".")}
+        """The actor's weights alone (``actor.*``): what a sampling evaluator acts with (sent every round: the
+        critics, their targets and the temperature are not copied for it)."""
+        if self._torch is not None:
+            return {f"{ACTOR}.{k}": v.detach().numpy().copy() for k, v in self._torch.actor.state_dict().items()}
+        weights = self._np_weights if self._np_weights is not None else self.get_weights()
+        return {k: v for k, v in weights.items() if k.startswith(ACTOR + ".")}
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         """All the weights, or a part of them (the actor's alone, as evaluators receive them)."""

@@ -153,6 +153,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         self._stop = threading.Event()
         self._sampled = 0  # env steps sampled (shared with the learner thread)
         self._trained = 0  # env steps trained, written by the learner thread
+        self._trained_reported = 0  # env steps trained that step() has reported
         self._learn_stats: list[dict[str, float]] = []
         self._learn_s = 0.0
         self._learner_error: BaseException | None = None
@@ -205,7 +206,6 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         if not self._learner.is_alive() and self._learner.ident is None:
             self._learner.start()
         stats = StepStats()
-        trained_before = self._trained
         idle: list[int] = []
         while stats.env_steps_sampled < self.steps_per_iteration:
             self._raise_learner_error()
@@ -235,7 +235,9 @@ class AsyncReplayOptimizer(PolicyOptimizer):
             self._launch(i)
         with self._lock:
             learn_stats, self._learn_stats = self._learn_stats, []
-            stats.env_steps_trained = self._trained - trained_before
+            # what the learner trained since the last step's report (also while the driver was between steps)
+            stats.env_steps_trained = self._trained - self._trained_reported
+            self._trained_reported = self._trained
             stats.values[M.DIAG_UPDATES] = float(self._sgd_steps)
             self._timers[M.TIME_LEARN_S] = self._learn_s
             self._learn_s = 0.0
@@ -320,6 +322,7 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         ref = ray.put(self.policy.acting_weights())
         with self._lock:
             self._sampled, self._trained = int(state["sampled"]), int(state["trained"])
+            self._trained_reported = self._trained
             self._weights_ref, self._weights_version = ref, self._weights_version + 1
 
     def _raise_learner_error(self) -> None:
