@@ -110,6 +110,24 @@ def save_state(folder: Path, state: Mapping[str, Any]) -> None:
     torch.save(dict(state), folder / LEARNER_FILE)
 
 
+def save_with_replay(folder: Path, state: Mapping[str, Any], buffer: ReplayBuffer) -> list[str]:
+    """A replay learner's checkpoint: ``state`` (:data:`LEARNER_FILE`) and its replay buffer (``ReplayBuffer.dumps``
+    into :data:`REPLAY_DIR`: the pre-allocated storage, memory-mapped, and the writer's cursor); the files written."""
+    save_state(folder, state)
+    files = [LEARNER_FILE]
+    if len(buffer):  # TorchRL cannot dump a storage that holds nothing yet
+        buffer.dumps(folder / REPLAY_DIR)
+        files.append(REPLAY_DIR)
+    return files
+
+
+def restore_with_replay(learner: Any, folder: Path, *, replay: bool = True) -> None:
+    """Back to what :func:`save_with_replay` wrote: the learner's state, then (``replay``) its buffer when saved."""
+    learner.load_state_dict(read_state(folder))
+    if replay and (Path(folder) / REPLAY_DIR).is_dir():
+        learner.buffer.loads(Path(folder) / REPLAY_DIR)
+
+
 def read_state(folder: Path) -> dict[str, Any]:
     """A learner's saved state (:data:`LEARNER_FILE` in ``folder``, the checkpoint's engine folder)."""
     path = Path(folder) / LEARNER_FILE
@@ -491,18 +509,12 @@ class DQNLearner:
     def save(self, folder: Path) -> dict[str, Any]:
         """The learner's whole state into ``folder``: :meth:`state_dict` and the replay buffer
         (``ReplayBuffer.dumps``: the whole pre-allocated storage, memory-mapped, and the writer's cursor)."""
-        save_state(folder, self.state_dict())
-        files = [LEARNER_FILE]
-        if len(self.buffer):  # TorchRL cannot dump a storage that holds nothing yet
-            self.buffer.dumps(folder / REPLAY_DIR)
-            files.append(REPLAY_DIR)
+        files = save_with_replay(folder, self.state_dict(), self.buffer)
         return {"learner": type(self).__name__, "algorithm": self.algo, "grad_steps": self.grad_steps,
                 "replay_size": len(self.buffer), "epsilon": float(self.greedy.eps), "files": files}  # fmt: skip
 
     def restore(self, folder: Path, *, replay: bool = True) -> None:
-        self.load_state_dict(read_state(folder))
-        if replay and (Path(folder) / REPLAY_DIR).is_dir():
-            self.buffer.loads(Path(folder) / REPLAY_DIR)
+        restore_with_replay(self, folder, replay=replay)
 
     def diagnostics(self) -> dict[str, float]:
         """Exploration epsilon and replay size now (reported at every point, learning or not)."""
@@ -783,19 +795,13 @@ class SACLearner:
         """The learner's whole state into ``folder``: :meth:`state_dict` and the replay buffer, saved too
         (``ReplayBuffer.dumps``: :data:`SAC_REPLAY_KEYS` over the whole pre-allocated capacity, memory-mapped, and
         the writer's cursor), so a resumed trial trains on the transitions it had."""
-        save_state(folder, self.state_dict())
-        files = [LEARNER_FILE]
-        if len(self.buffer):  # TorchRL cannot dump a storage that holds nothing yet
-            self.buffer.dumps(folder / REPLAY_DIR)
-            files.append(REPLAY_DIR)
+        files = save_with_replay(folder, self.state_dict(), self.buffer)
         return {"learner": type(self).__name__, "algorithm": self.algo, "updates": self.updates,
                 "replay_size": len(self.buffer), "alpha": float(self.loss.log_alpha.detach().exp()),
                 "files": files}  # fmt: skip
 
     def restore(self, folder: Path, *, replay: bool = True) -> None:
-        self.load_state_dict(read_state(folder))
-        if replay and (Path(folder) / REPLAY_DIR).is_dir():
-            self.buffer.loads(Path(folder) / REPLAY_DIR)
+        restore_with_replay(self, folder, replay=replay)
 
     def native(self) -> dict[str, Any]:
         settings = CROSSRL_SETTINGS["sac"]
