@@ -132,6 +132,7 @@ def test_a_failing_fixed_layout_fails_the_sweep() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.long(3)
 def test_a_tiny_sweep_through_the_cli(tmp_path: Path) -> None:
     """2 layouts of every engine on CartPole, 1 round: every point measured, each engine's best is its fastest point, the

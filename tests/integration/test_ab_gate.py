@@ -90,6 +90,7 @@ def commit_without_redraws(repo: Path, scratch: Path) -> str:
     return git("commit-tree", tree, "-p", "HEAD", "-m", "crossrl test: a measurement server without redraws")
 
 
+@pytest.mark.system
 @pytest.mark.long
 def test_a_base_from_before_redraws_gets_fresh_processes_for_every_draw(tmp_path: Path) -> None:
     """A base whose measurement server cannot replace its actors (one from before redraws) still runs: each

@@ -28,6 +28,7 @@ def crossrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.system
 @pytest.mark.long(3)
 def test_regress_catches_a_real_slowdown(tmp_path: Path) -> None:
     run = ["--engines", "crossrl", "--workers", "1", "--seeds", "0", "--no-report"]  # one seed: the tolerance alone

@@ -122,6 +122,7 @@ def test_asha_searches_then_the_best_configuration_and_the_own_setting_run_on_th
 
 
 @pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.long(6)
 def test_pbt_members_copy_each_other_and_the_lineage_is_stored(results_dir: Path, tmp_path: Path) -> None:
     search_section = {
