@@ -483,6 +483,15 @@ def run(
             help="with --parallel: `node` keeps each trial's processes on one node, `spread` lets Ray spread them",
         ),
     ] = "node",
+    max_retries: Annotated[
+        int | None,
+        typer.Option(
+            "--max-retries",
+            metavar="N",
+            help="with --parallel: start a trial lost with its node (or its actor) again from its newest checkpoint "
+            "up to N times (default 2)",
+        ),
+    ] = None,
 ) -> None:
     """Run every trial of a scenario (engines x workers x seeds), log it to MLflow, render the report."""
     from crossrl.orchestration.runner import run_scenario
@@ -494,6 +503,9 @@ def run(
     from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import SpecError
 
+    if max_retries is not None and (max_retries < 0 or parallel < 2):
+        _fail([f"--max-retries {max_retries}: " + ("it cannot be negative" if max_retries < 0 else "retries are for "
+               "trials fanned out over a Ray cluster; add --parallel 2 or more")])  # fmt: skip
     overrides = _overrides(engines_, workers, seeds, steps, sets)
     scenario, path = _load(spec, overrides)
     store = None  # opened once a run is sure to start (bad input stores nothing), or at once to resume one
@@ -519,6 +531,7 @@ def run(
                 store_wait_s=store_wait,
                 parallel=parallel,
                 placement=placement,
+                max_retries=max_retries,
             )
     except SpecError as e:
         _fail(e.problems)
@@ -548,7 +561,14 @@ def run(
                        results_dir=results_dir)  # fmt: skip
     if outcome.interrupted:
         raise typer.Exit(Interrupted(outcome.stop_signal or signal.SIGINT).exit_code)
-    if any(r.status in (M.FAILED, M.TIMEOUT) for r in outcome.results):
+    lost = [r.trial.name for r in outcome.results if r.status == M.KILLED]
+    if lost:  # lost with their node (or actor) and not started again: the run is not whole
+        typer.echo(
+            f"{len(lost)} trial{'s' * (len(lost) != 1)} did not end ({', '.join(lost)}): `crossrl run {spec} --resume` "
+            "runs them again from their newest checkpoints",
+            err=True,
+        )
+    if lost or any(r.status in (M.FAILED, M.TIMEOUT) for r in outcome.results):
         raise typer.Exit(1)
 
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import pickle
 import random
 import shutil
+import tarfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -243,3 +245,44 @@ def prune(root: Path, keep: int) -> list[Path]:
 
 def size_of(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def pack(folder: Path) -> bytes:
+    """A checkpoint folder as one uncompressed tar (its files are mostly packed arrays already): what a trial on
+    another node ships to the launcher, and the launcher to the node that resumes it."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for path in sorted(folder.rglob("*")):
+            tar.add(path, arcname=path.relative_to(folder).as_posix(), recursive=False)
+    return out.getvalue()
+
+
+def unpack(root: Path, name: str, data: bytes) -> Path:
+    """``data`` (from :func:`pack`) as the checkpoint ``root/name``, written as :func:`write` writes one (a
+    temporary folder renamed into place) and checked against its ``crossrl.json`` before it is trusted; raises
+    :class:`CheckpointError` for one that does not check out (nothing is left behind then)."""
+    if not name.startswith(PREFIX) or "/" in name or name in (".", ".."):
+        raise CheckpointError(f"{name!r} is not a checkpoint folder name")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f"{TMP_PREFIX}{name}-{os.getpid()}-recv"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+            tar.extractall(tmp, filter="data")  # nothing outside the folder, no links out, no devices
+        read_meta(tmp)
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                _fsync(path)
+        _fsync(tmp)
+        final = root / name
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        _fsync(root)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (tarfile.TarError, OSError)):
+            raise CheckpointError(f"checkpoint {name} could not be unpacked ({type(e).__name__}: {e})") from None
+        raise
+    return final

@@ -37,6 +37,7 @@ from typing import Any
 
 import psutil
 
+from crossrl.adapters import checkpoints
 from crossrl.adapters.base import MetricSink
 from crossrl.core.cluster import group_actor_pids
 from crossrl.core.envguard import WATCH_DIR_ENV, register_stacks
@@ -50,6 +51,12 @@ from crossrl.scenarios.loader import SpecError
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 PLACEMENTS = {"node": "STRICT_PACK", "spread": "SPREAD"}
+NODE_DIR_ENV = "CROSSRL_NODE_DIR"  # where a node keeps its trials' own files (log, checkpoints before shipping)
+ATTEMPT_TAG, RETRY_AFTER_TAG = "attempt", "retry.after"  # on a trial started again: its attempt (2, 3, ...) and why
+LOST_TAGS = ("lost.node.id", "lost.node.host", "lost.env_step")  # on an attempt lost with its node or actor
+SHIP_TAG = "checkpoint.ship_s_total"  # on a trial: seconds its checkpoints took to reach the launcher (pack + unpack)
+MAX_RETRIES = 2  # a trial lost with its node (or its actor) is started again this many times at most
+LOST_WAIT_S = 60.0  # how long a dead host's node may still count as alive before the host alone is called dead
 TAKE_WAIT_S = 0.5  # a host waits this long for a first message before answering with none
 LOG_TAIL_BYTES = 4 << 20  # the most of a trial's log that comes back with it
 USAGE_EVERY_S = 2.0
@@ -69,6 +76,12 @@ class _QueueSink(MetricSink):
         self._out.put(message)
 
 
+def node_dir() -> str:
+    """The folder a trial's host keeps its own files in on its node: ``$CROSSRL_NODE_DIR`` (set where the node's Ray
+    was started) or the system's temporary folder."""
+    return os.environ.get(NODE_DIR_ENV) or tempfile.gettempdir()
+
+
 def _verdict_message(verdict: Verdict) -> dict[str, Any]:
     return {"kind": "verdict", **dataclasses.asdict(verdict)}
 
@@ -79,9 +92,20 @@ class TrialHost:
     The engines' own output (stdout, stderr) goes to the trial's log, which comes back at the end (:meth:`log`).
     """
 
-    def __init__(self, trial_json: str) -> None:
+    def __init__(
+        self, trial_json: str, *, ship_checkpoints: bool = False, resume: tuple[str, bytes] | None = None
+    ) -> None:
         self._trial = Trial.model_validate_json(trial_json)
-        self._dir = Path(tempfile.mkdtemp(prefix="crossrl-trial-"))
+        self._dir = Path(tempfile.mkdtemp(prefix="crossrl-trial-", dir=node_dir()))
+        self._ship = ship_checkpoints
+        update: dict[str, Any] = {}
+        if ship_checkpoints and self._trial.checkpoint_dir is not None:
+            # checkpoints are written on this node, then shipped to the launcher with the trial's messages (take):
+            # they outlive this node, and the launcher's folder is never written from here
+            update["checkpoint_dir"] = str(self._dir / "checkpoints")
+        if resume is not None:  # the launcher's checkpoint to continue from, unpacked on this node
+            update["resume_from"] = str(checkpoints.unpack(self._dir / "resume", resume[0], resume[1]))
+        self._trial = self._trial.model_copy(update=update)
         self._log = self._dir / f"{self._trial.name}.log"
         fd = os.open(self._log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
@@ -148,6 +172,8 @@ class TrialHost:
             messages.append(self._out.get(timeout=wait_s))
             while True:
                 messages.append(self._out.get_nowait())
+        if self._ship:
+            messages = [self._shipped(m) if m.get("kind") == "checkpoint" else m for m in messages]
         from crossrl.core.cluster import group_free_cpus
 
         # the fewest CPUs the group had free: 0 once the engine's workers hold the group's CPUs (they were
@@ -165,10 +191,24 @@ class TrialHost:
             "group_free_cpus": self._fewest_free,
         }
 
+    def _shipped(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint message with the checkpoint itself (:func:`checkpoints.pack`) and the seconds packing took; one
+        already pruned for a newer one (this node keeps ``checkpoint.keep``) goes without it."""
+        t0 = time.perf_counter()
+        try:
+            data = checkpoints.pack(Path(msg["path"]))
+        except OSError:
+            return {**msg, "path": ""}
+        return {**msg, "data": data, "pack_s": time.perf_counter() - t0}
+
     def log(self) -> bytes:
         with open(self._log, "rb") as f:
             f.seek(max(0, self._log.stat().st_size - LOG_TAIL_BYTES))
             return f.read()
+
+    def close(self) -> None:
+        """Removes what the trial left on this node (its log, its local checkpoints), once the launcher has them."""
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 class _Usage(UsageMeter):
@@ -219,6 +259,8 @@ class RunningTrial:
     usage_whole: bool = True  # memory and CPU counted over the trial's actors, not its driver alone
     group_free_cpus: float | None = None  # the fewest CPUs the trial's group had free while it ran
     watch_dir: str = ""  # the env guard's folder of the trial's processes (crossrl.orchestration.watch)
+    lost: tuple[float, str] | None = None  # its host died: since when (monotonic) and what the call raised
+    ship_s: float = 0.0  # seconds spent shipping its checkpoints to the launcher (pack + unpack)
 
 
 def bundles(trial: Trial) -> list[dict[str, float]]:
@@ -280,21 +322,20 @@ def run_fanned_out(
     log_dir: Path,
     attempts: dict[str, list[str]],
     carried: dict[str, Carried] | None = None,
+    max_retries: int = MAX_RETRIES,
 ) -> None:
     """Run ``trials`` (each already bound to the cluster's address) up to ``parallel`` at once; append each
-    result to ``results`` as it ends. A stop (KeyboardInterrupt) kills every running trial, records it KILLED,
-    and is raised again as :class:`Interrupted`."""
+    result to ``results`` as it ends. A trial whose host died for a reason not its own (its node lost, its actor
+    killed) is started again from its newest checkpoint, up to ``max_retries`` times. A stop (KeyboardInterrupt) kills
+    every running trial, records it KILLED, and is raised again as :class:`Interrupted`."""
     sweep = Sweep(
         store=store, parent_id=parent_id, spec=spec, placement=placement, results=results, progress=progress,
-        log_dir=log_dir, attempts=attempts, carried=carried or {}, total=len(trials),
+        log_dir=log_dir, attempts=attempts, carried=carried or {}, trials=trials, max_retries=max_retries,
     )  # fmt: skip
-    waiting = deque(trials)
-    index = 0
     try:
-        while waiting or sweep.running:
-            while waiting and len(sweep.running) < parallel:
-                sweep.start(waiting.popleft(), index)
-                index += 1
+        while sweep.waiting or sweep.running:
+            while sweep.waiting and len(sweep.running) < parallel:
+                sweep.start(sweep.waiting.popleft())
             sweep.advance()
             if not sweep.collect():
                 time.sleep(0.2)
@@ -310,22 +351,31 @@ def run_fanned_out(
 
 class Sweep:
     """The launcher's side of a fanned-out sweep: each trial's placement group, then its host actor on the group's
-    node, then the messages it takes from the host, until the trial ends and is recorded."""
+    node, then the messages it takes from the host, until the trial ends and is recorded.
+
+    Checkpoints come back with the messages and are stored under the trial's checkpoint folder in the launcher's
+    results folder (a node may go, and its disk with it); a trial started again gets its checkpoint shipped back."""
 
     def __init__(
         self, *, store: ResultsStore, parent_id: str, spec: ScenarioSpec, placement: str, results: list[TrialResult],
-        progress: Progress, log_dir: Path, attempts: dict[str, list[str]], carried: dict[str, Carried], total: int,
+        progress: Progress, log_dir: Path, attempts: dict[str, list[str]], carried: dict[str, Carried],
+        trials: list[Trial], max_retries: int = MAX_RETRIES,
     ) -> None:  # fmt: skip
         import ray
 
         self.store, self.parent_id, self.spec, self.placement = store, parent_id, spec, placement
         self.results, self.progress, self.log_dir = results, progress, log_dir
-        self.attempts, self.carried, self.total = attempts, carried, total
+        self.attempts, self.carried, self.total = attempts, carried, len(trials)
+        self.waiting: deque[Trial] = deque(trials)
+        self.index = {t.name: i for i, t in enumerate(trials)}
+        self.max_retries = max_retries
+        self.retries: dict[str, int] = {}  # trial -> how many times it was started again
+        self.lost_on: dict[str, str] = {}  # trial -> the node (or actor) its last attempt was lost with
         self.host_cls = ray.remote(TrialHost)
         self.running: dict[str, RunningTrial] = {}
         self.history: list[RunningTrial] = []  # every trial placed so far, for who shared a node with whom
 
-    def start(self, trial: Trial, index: int) -> None:
+    def start(self, trial: Trial, index: int | None = None) -> None:
         """Opens the trial's run and asks the cluster for its placement group."""
         from ray.util.placement_group import placement_group
 
@@ -335,11 +385,16 @@ class Sweep:
         rec = TrialRecorder(trial, store=self.store, run_id=run_id, progress=self.progress)
         if trial.name in self.carried:
             rec.carry_over(self.carried[trial.name])
+        if trial.name in self.retries:  # the attempt it is, and why it was started again
+            tags = {ATTEMPT_TAG: str(self.retries[trial.name] + 1), RETRY_AFTER_TAG: self.lost_on[trial.name]}
+            self.store.set_tags(run_id, tags, what="retry tags")
         self.running[trial.name] = RunningTrial(trial, rec, group, group.ready(), queued_at=time.perf_counter())
-        self.progress("trial_start", {"trial": trial, "index": index, "total": self.total})
+        at = self.index.get(trial.name, 0) if index is None else index
+        self.progress("trial_start", {"trial": trial, "index": at, "total": self.total})
 
     def place(self, r: RunningTrial) -> None:
-        """Starts the trial's host actor in its (ready) placement group."""
+        """Starts the trial's host actor in its (ready) placement group; a trial that continues from a checkpoint gets
+        it shipped along (the node it lands on may never have seen it)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(
@@ -347,20 +402,27 @@ class Sweep:
         )
         r.watch_dir = os.path.join(tempfile.gettempdir(), f"crossrl-watch-{r.trial.name}-{uuid.uuid4().hex[:8]}")
         env_vars = {**HOST_ENV, WATCH_DIR_ENV: r.watch_dir}
+        resume = None
+        if r.trial.resume_from:
+            folder = Path(r.trial.resume_from)
+            resume = (folder.name, checkpoints.pack(folder))
         r.host = self.host_cls.options(  # type: ignore[attr-defined]
             num_cpus=1, scheduling_strategy=strategy, runtime_env={"env_vars": env_vars}
-        ).remote(r.trial.model_dump_json())
+        ).remote(r.trial.model_dump_json(), ship_checkpoints=True, resume=resume)
         r.where = r.host.where.remote()
         r.started = time.perf_counter()
         self.history.append(r)
 
     def advance(self) -> None:
         """One look at every running trial: place it once its group is ready, learn its node, ask its host for what
-        it has, end it at its wall-clock budget."""
+        it has, judge a dead host, end it at its wall-clock budget."""
         import ray
 
         now = time.perf_counter()
         for r in list(self.running.values()):
+            if r.lost is not None:
+                self.judge(r)
+                continue
             if r.host is None:
                 ready, _ = ray.wait([r.group_ready], timeout=0)
                 if ready:
@@ -370,7 +432,7 @@ class Sweep:
                 ready, _ = ray.wait([r.where], timeout=0)
                 if ready:
                     with contextlib.suppress(Exception):
-                        r.node = ray.get(r.where)
+                        self.located(r, ray.get(r.where))
                     r.where = None
             if r.take is None:
                 r.take = r.host.take.remote()
@@ -380,9 +442,24 @@ class Sweep:
                 r.rec.result.reason = f"wall-clock budget of {budget:g} s exceeded"
                 self.finish(r)
 
+    def located(self, r: RunningTrial, node: dict[str, str]) -> None:
+        """The trial's host answered where it runs: tagged at once (a running trial's node is seen in the store), and
+        a trial started again after a loss says where it went on."""
+        r.node = node
+        with deferred_signals():
+            self.store.set_tags(r.rec.run_id, {"node.id": node["id"], "node.host": node["host"]}, what="node tags")
+        if r.trial.name in self.retries:
+            carried = self.carried.get(r.trial.name)
+            self.progress(
+                "retried",
+                {"trial": r.trial, "node": _where(node), "env_step": carried.env_step if carried else None,
+                 "lost": self.lost_on[r.trial.name], "attempt": self.retries[r.trial.name] + 1},
+            )  # fmt: skip
+
     def collect(self) -> bool:
-        """Waits up to TAKE_WAIT_S for a host's answer and hands its messages to the trial's recorder; a trial that
-        ended (or whose host died) is recorded. False when no host was asked anything."""
+        """Waits up to TAKE_WAIT_S for a host's answer and hands its messages to the trial's recorder (checkpoints
+        stored in the launcher's folder first); a trial that ended is recorded; a host that died is judged
+        (:meth:`judge`). False when no host was asked anything."""
         import ray
 
         takes = {r.take: r for r in self.running.values() if r.take is not None}
@@ -394,9 +471,10 @@ class Sweep:
             r.take = None
             try:
                 answer = ray.get(ref)
-            except Exception as e:  # the host died: its node went away, or it was killed
-                r.rec.ended(False, f"trial actor died ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
-                self.finish(r)
+            except Exception as e:  # the host died: its node went away, it was killed, or it ran out of memory
+                first = str(e).splitlines()[0][:200] if str(e) else ""
+                r.lost = (time.monotonic(), f"{type(e).__name__}: {first}")
+                self.judge(r)
                 continue
             r.peak_rss = max(r.peak_rss, float(answer["peak_rss"]))
             r.cpu_seconds = max(r.cpu_seconds, float(answer["cpu_seconds"]))
@@ -405,11 +483,85 @@ class Sweep:
                 r.group_free_cpus = float(answer["group_free_cpus"])
             with deferred_signals():
                 for msg in answer["messages"]:
-                    r.rec.handle(msg)
+                    r.rec.handle(self.received(r, msg) if msg.get("kind") == "checkpoint" else msg)
             if r.rec.done or r.rec.error is not None:
                 r.rec.ended(True, "trial actor ended")
                 self.finish(r)
         return True
+
+    def received(self, r: RunningTrial, msg: dict[str, Any]) -> dict[str, Any]:
+        """A checkpoint the host shipped, stored under the trial's checkpoint folder here (the newest ``keep``
+        kept); the message then names it here. One that did not come whole is a warning: the trial goes on."""
+        data = msg.pop("data", None)
+        if data is None or r.trial.checkpoint_dir is None:
+            return {**msg, "path": ""}
+        root = Path(r.trial.checkpoint_dir)
+        t0 = time.perf_counter()
+        try:
+            folder = checkpoints.unpack(root, Path(msg["path"]).name, data)
+            checkpoints.prune(root, r.trial.checkpoint.keep)
+        except (checkpoints.CheckpointError, OSError) as e:
+            r.rec.handle({"kind": "warning", "message": f"checkpoint at env step {msg['env_step']} not stored: {e}"})
+            return {**msg, "path": ""}
+        ship_s = float(msg.pop("pack_s", 0.0)) + time.perf_counter() - t0
+        r.ship_s += ship_s
+        return {**msg, "path": str(folder), "ship_s": ship_s}
+
+    def judge(self, r: RunningTrial) -> None:
+        """A host that died: its node lost (Ray says it is no longer alive), or, after LOST_WAIT_S with its node alive,
+        the host alone (killed, out of memory). Either way the trial ends KILLED naming the node and the env step, and
+        is started again from its newest checkpoint while it has retries left."""
+        assert r.lost is not None
+        since, error = r.lost
+        alive = node_alive(r.node.get("id", ""))
+        if alive and time.monotonic() - since < LOST_WAIT_S:
+            return  # Ray may not have seen the node go yet
+        step = r.rec.result.points[-1][0] if r.rec.result.points else 0
+        where = f"node {_where(r.node)}" if r.node else "an unknown node"
+        if alive:
+            r.rec.result.reason = f"trial actor died on {where} at env step {step:,} ({error})"
+            lost = f"its actor on {where} died"
+        else:
+            r.rec.result.reason = f"{where} was lost at env step {step:,} ({error})"
+            lost = f"{where} was lost"
+        r.rec.result.status = M.KILLED  # not the trial's fault: `--resume` runs it again
+        with deferred_signals():
+            tags = dict(zip(LOST_TAGS, (r.node.get("id", ""), r.node.get("host", ""), str(step)), strict=True))
+            self.store.set_tags(r.rec.run_id, tags, what="lost-node tags")
+        name = r.trial.name
+        again = self.retries.get(name, 0) < self.max_retries
+        self.finish(r, superseded=again)
+        if again:
+            self.retry(r.trial, r.rec, lost)
+
+    def retry(self, trial: Trial, rec: TrialRecorder, lost: str) -> None:
+        """The trial queued first, to start again from its newest good checkpoint here (from the start without one),
+        its lost attempt superseded by the new one, which carries that attempt's points up to the checkpoint."""
+        name = trial.name
+        self.retries[name] = self.retries.get(name, 0) + 1
+        self.lost_on[name] = lost
+        self.attempts.setdefault(name, []).append(rec.run_id)
+        found = None
+        if trial.checkpoint_dir is not None:
+            found = checkpoints.newest_good(
+                Path(trial.checkpoint_dir), fingerprint=trial.fingerprint, trial=name,
+                warn=lambda msg: self.progress("warning", {"trial": trial, "message": msg}),
+            )  # fmt: skip
+        if found is None:
+            self.carried.pop(name, None)
+            again = trial.model_copy(update={"resume_from": None})
+        else:
+            folder, meta = found
+            step = int(meta["env_steps_sampled"])
+            points = [(s, v) for s, v in rec.result.points if s <= step]
+            self.carried[name] = Carried(folder, step, float(meta["train_s"]), points, rec.run_id)
+            again = trial.model_copy(update={"resume_from": str(folder)})
+        self.progress(
+            "retry",
+            {"trial": trial, "lost": lost, "attempt": self.retries[name] + 1, "of": self.max_retries + 1,
+             "env_step": None if found is None else self.carried[name].env_step},
+        )  # fmt: skip
+        self.waiting.appendleft(again)
 
     def flush(self) -> None:
         with deferred_signals():
@@ -426,29 +578,35 @@ class Sweep:
         with contextlib.suppress(Exception):
             remove_placement_group(r.group)
 
-    def finish(self, r: RunningTrial) -> None:
-        """Record the trial's end (its status already set) and free its group."""
+    def finish(self, r: RunningTrial, *, superseded: bool = False) -> None:
+        """Record the trial's end (its status already set) and free its group; a ``superseded`` attempt (started
+        again) is recorded in the store but is not one of the sweep's results."""
         import ray
 
         r.ended = time.perf_counter()
         log_path: Path | None = None
-        if r.host is not None:
+        if r.host is not None and r.lost is None:
             with contextlib.suppress(Exception):
                 log_path = self.log_dir / f"{r.trial.name}.log"
                 log_path.write_bytes(ray.get(r.host.log.remote(), timeout=30))
+            with contextlib.suppress(Exception):
+                ray.get(r.host.close.remote(), timeout=30)
         self.stop_host(r)
         if r.watch_dir:  # the host's node's folder: removed here when the launcher shares that node
             shutil.rmtree(r.watch_dir, ignore_errors=True)
         with held_signals():
             if r.node:
                 self.store.set_tags(r.rec.run_id, self.placement_tags(r), what="placement tags")
+            if r.ship_s:
+                self.store.set_tags(r.rec.run_id, {SHIP_TAG: f"{r.ship_s:.3f}"}, what="checkpoint shipping")
             r.rec.record_end(
                 wall_s=(r.ended - (r.started or r.queued_at)),
                 peak_rss=r.peak_rss,
                 cpu_seconds=r.cpu_seconds,
                 log_path=log_path if log_path is not None and log_path.exists() else None,
             )
-        self.results.append(r.rec.result)
+        if not superseded:
+            self.results.append(r.rec.result)
         del self.running[r.trial.name]
 
     def placement_tags(self, r: RunningTrial) -> dict[str, str]:
@@ -478,6 +636,23 @@ class Sweep:
     def release(self) -> None:
         for r in list(self.running.values()):
             self.stop_host(r)
+
+
+def _where(node: dict[str, str]) -> str:
+    return f"{node.get('host', '?')} ({node.get('id', '?')[:12]})"
+
+
+def node_alive(node_id: str) -> bool:
+    """Whether Ray counts the node alive (True for a node it does not know: the host may have died before saying
+    where it ran)."""
+    import ray
+
+    if not node_id:
+        return True
+    try:
+        return any(n.get("NodeID") == node_id and n.get("Alive") for n in ray.nodes())
+    except Exception:
+        return True
 
 
 def _overlap(a: RunningTrial, b: RunningTrial) -> bool:

@@ -232,6 +232,7 @@ def run_scenario(
     kind: str = "parent",
     tags: Mapping[str, str] | None = None,
     refused: Mapping[str, str] | None = None,
+    max_retries: int | None = None,
 ) -> RunOutcome:
     """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
 
@@ -261,7 +262,8 @@ def run_scenario(
     (`crossrl tune`'s test-seed runs are "tuned"; ``resume`` then takes up a run of that kind); ``tags`` go on the parent
     run as it starts (`crossrl tune` finds its test-seed runs by them, a run killed part-way included). ``refused``:
     trials the caller found their engine would refuse at start (trial name -> why, as `crossrl validate` says):
-    recorded SKIPPED with that reason, as unsupported ones are.
+    recorded SKIPPED with that reason, as unsupported ones are. ``max_retries``: how many times a fanned-out trial lost
+    with its node (or its actor) is started again from its newest checkpoint (``fanout.MAX_RETRIES`` by default).
     """
     trials, bad = plan_trials(
         spec, ray_address=ray_address, skip_unsupported=skip_unsupported, parallel=parallel, placement=placement
@@ -284,6 +286,7 @@ def run_scenario(
             fresh=resume is None,
             fan_out=(parallel, placement) if parallel > 1 else None,
             carried=start.carried,
+            max_retries=max_retries,
         )
     except JournalError:
         store.end_journal(wait_s=min(store_wait_s, 10.0))  # what the journal holds goes on to the store
@@ -409,6 +412,7 @@ def _run_trials(
     fresh: bool,
     fan_out: tuple[int, str] | None = None,
     carried: dict[str, Carried] | None = None,
+    max_retries: int | None = None,
 ) -> None:
     """The trials, one after another (or ``fan_out`` = (parallel, placement) at once over a Ray cluster), then
     the parent run's ending (see run_scenario); writes go to the journal."""
@@ -459,6 +463,7 @@ def _run_trials(
                     log_dir=Path(tmp),
                     attempts=attempts,
                     carried=carried,
+                    **({} if max_retries is None else {"max_retries": max_retries}),
                 )
         if probe_ok:  # an env that failed the probe once is not probed again (a hang would cost its limit twice)
             _log_raw_speed(store, parent_id, spec, step=1)

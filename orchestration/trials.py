@@ -49,6 +49,7 @@ CHECKPOINT_LATEST_TAG = "checkpoint.latest"  # a trial's newest checkpoint folde
 RESUMED_TAGS = ("resumed.from_run", "resumed.env_step", "resumed.checkpoint")
 # Logged at a checkpoint's env step: how long writing it took, its size, the training seconds it holds.
 CHECKPOINT_WRITE_S, CHECKPOINT_MB, CHECKPOINT_TRAIN_S = "checkpoint.write_s", "checkpoint.mb", "checkpoint.train_s"
+CHECKPOINT_SHIP_S = "checkpoint.ship_s"
 
 
 @dataclass(frozen=True)
@@ -131,9 +132,12 @@ class TrialRecorder:
                 CHECKPOINT_MB: float(msg["bytes"]) / 2**20,
                 CHECKPOINT_TRAIN_S: float(msg["train_s"]),
             }
+            if "ship_s" in msg:  # a fanned-out trial's: the seconds it took to reach the launcher's folder
+                values[CHECKPOINT_SHIP_S] = float(msg["ship_s"])
             self.pending.append((step, values))
             self.flush()  # every point up to the checkpoint is journaled: a resume after a kill carries them over
-            self.store.set_tags(self.run_id, {CHECKPOINT_LATEST_TAG: str(msg["path"])}, what="checkpoint")
+            if msg["path"]:  # "" for one that never reached the launcher's folder
+                self.store.set_tags(self.run_id, {CHECKPOINT_LATEST_TAG: str(msg["path"])}, what="checkpoint")
         elif kind == "tags":
             self.store.set_tags(self.run_id, msg["tags"], what="engine tags")
         elif kind == "native_config":

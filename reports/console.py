@@ -64,6 +64,17 @@ class RunDisplay:
             self.console.print(f"{payload['trial'].name}: resumed from env step {payload['env_step']:,}")
         elif name == "restarted":
             self.console.print(f"{payload['trial'].name}: restarted from the start: {payload['why']}")
+        elif name == "retry":
+            start = "the start" if payload["env_step"] is None else f"env step {payload['env_step']:,}"
+            self.console.print(
+                f"[magenta]{payload['trial'].name}: {payload['lost']}; starting it again from {start} "
+                f"(attempt {payload['attempt']} of {payload['of']})[/magenta]"
+            )
+        elif name == "retried":
+            start = "the start" if payload["env_step"] is None else f"env step {payload['env_step']:,}"
+            self.console.print(
+                f"{payload['trial'].name}: resumed on node {payload['node']} from {start} after {payload['lost']}"
+            )
         elif name == "warning":
             self.console.print(f"[yellow]{payload['trial'].name}: {payload['message']}[/yellow]")
         elif name == "store_warning":

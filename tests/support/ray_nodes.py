@@ -14,6 +14,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,18 @@ class Cluster:
     address: str
     nodes: dict[str, str]  # custom resource naming a node -> its Ray node id
     procs: list[subprocess.Popen[bytes]]
+    local_dirs: dict[str, Path]  # custom resource naming a node -> the folder its trials keep their own files in
+
+    def kill_second_node(self) -> None:
+        """SIGKILL every process of the second node at once (its raylet, its workers, its trials' actors), as a
+        crashed or preempted machine goes; its folder goes with it."""
+        node = self.procs[1]
+        tree = [psutil.Process(node.pid), *psutil.Process(node.pid).children(recursive=True)]
+        for q in tree:
+            with contextlib.suppress(psutil.Error):
+                q.kill()
+        psutil.wait_procs(tree, timeout=30)
+        shutil.rmtree(self.local_dirs["crossrl_test_node_b"], ignore_errors=True)
 
     @property
     def env(self) -> dict[str, str]:
@@ -83,9 +96,11 @@ main()
 """
 
 
-def _start(args: list[str], log: Path, *, join: bool = False) -> subprocess.Popen[bytes]:
+def _start(args: list[str], log: Path, local: Path, *, join: bool = False) -> subprocess.Popen[bytes]:
     ray_start = [sys.executable, "-c", JOIN_ON_LOOPBACK] if join else [RAY]
-    env = {**os.environ, **RAY_ENV, **({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"} if join else {})}
+    local.mkdir(parents=True, exist_ok=True)  # the node's own disk, as far as its trials are concerned
+    env = {**os.environ, **RAY_ENV, "CROSSRL_NODE_DIR": str(local),
+           **({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"} if join else {})}  # fmt: skip
     with open(log, "wb") as out:
         return subprocess.Popen(
             [*ray_start, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={NODE_CPUS}", "--disable-usage-stats",
@@ -128,7 +143,9 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 @contextlib.contextmanager
 def two_nodes(logs: Path) -> Iterator[Cluster]:
-    """A head (resource ``crossrl_test_node_a``) and a second node (``crossrl_test_node_b``), logs in ``logs``."""
+    """A head (resource ``crossrl_test_node_a``) and a second node (``crossrl_test_node_b``), logs in ``logs``; each
+    node's trials keep their own files in a folder of its own there (``CROSSRL_NODE_DIR``)."""
+    local_dirs = {name: logs / f"{name}-local" for name in ("crossrl_test_node_a", "crossrl_test_node_b")}
     [port] = _free_ports(1)
     address = f"127.0.0.1:{port}"
     procs = [
@@ -136,6 +153,7 @@ def two_nodes(logs: Path) -> Iterator[Cluster]:
             ["--head", f"--port={port}", "--include-dashboard=false", *_node_ports(),
              '--resources={"crossrl_test_node_a": 1}'],
             logs / "head.log",
+            local_dirs["crossrl_test_node_a"],
         )
     ]  # fmt: skip
     try:
@@ -149,6 +167,7 @@ def two_nodes(logs: Path) -> Iterator[Cluster]:
             _start(
                 [f"--address={address}", *_node_ports(), '--resources={"crossrl_test_node_b": 1}'],
                 logs / "node.log",
+                local_dirs["crossrl_test_node_b"],
                 join=True,
             )
         )
@@ -164,7 +183,7 @@ def two_nodes(logs: Path) -> Iterator[Cluster]:
             if c.pid in pids and c.status == psutil.CONN_LISTEN and not _is_loopback(c.laddr.ip)
         ]
         assert not exposed, f"the cluster listens off loopback: {exposed}"
-        yield Cluster(address=address, nodes=nodes, procs=procs)
+        yield Cluster(address=address, nodes=nodes, procs=procs, local_dirs=local_dirs)
     finally:
         _stop(procs)
 

@@ -163,3 +163,24 @@ def test_one_interval_alone_or_both_whichever_passes_first() -> None:
     assert CheckpointSpec.model_validate({"every_env_steps": 5000}).every_seconds is None
     both = CheckpointSpec.model_validate({"every_env_steps": 5000, "every_seconds": 60})
     assert (both.every_env_steps, both.every_seconds) == (5000, 60)
+
+
+def test_a_packed_checkpoint_unpacks_whole_elsewhere_and_a_damaged_one_leaves_nothing(tmp_path: Path) -> None:
+    """What a fanned-out trial ships to the launcher (and the launcher back to the node that resumes it)."""
+    folder = _write(tmp_path / "node", 4000)
+    data = C.pack(folder)
+    there = C.unpack(tmp_path / "launcher", folder.name, data)
+    assert there == tmp_path / "launcher" / folder.name
+    assert C.read_meta(there)["files"] == C.read_meta(folder)["files"]
+    assert (there / "engine" / "sub" / "more.bin").read_bytes() == (folder / "engine" / "sub" / "more.bin").read_bytes()
+    # a byte changed on the way: refused, nothing left behind (not even a temporary folder)
+    bad = bytearray(data)
+    bad[data.index(b"x" * 100) + 50] ^= 1
+    with pytest.raises(C.CheckpointError, match="sha256"):
+        C.unpack(tmp_path / "other", folder.name, bytes(bad))
+    assert list((tmp_path / "other").iterdir()) == []
+    with pytest.raises(C.CheckpointError, match="could not be unpacked"):
+        C.unpack(tmp_path / "other", folder.name, data[: len(data) // 3])
+    with pytest.raises(C.CheckpointError, match="not a checkpoint folder name"):
+        C.unpack(tmp_path / "other", "../escape", data)
+    assert list((tmp_path / "other").iterdir()) == []

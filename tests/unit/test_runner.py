@@ -178,3 +178,22 @@ def test_ctrl_c_during_a_store_write_is_raised_after_it() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--max-retries", "1"], "retries are for trials fanned out over a Ray cluster; add --parallel 2 or more"),
+        (["--max-retries", "-1", "--parallel", "2"], "--max-retries -1: it cannot be negative"),
+    ],
+)
+def test_max_retries_without_a_fanned_out_sweep_or_below_zero_is_one_line(
+    flags: list[str], says: str, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from crossrl.cli import app
+
+    out = CliRunner().invoke(app, ["run", "smoke", "--results-dir", str(tmp_path / "r"), *flags])
+    assert out.exit_code == 2 and says in out.output, out.output
+    assert not (tmp_path / "r").exists()  # nothing stored
