@@ -55,6 +55,10 @@ CASES = [
     ("minatar-breakout-impala", "crossrl"),
     ("minatar-breakout-impala", "rllib"),
     ("minatar-breakout-impala", "torchrl"),
+    # continuous control, off-policy actor-critic: SAC on Pendulum (target -200 within 20,000 env steps)
+    ("pendulum-sac", "crossrl"),
+    ("pendulum-sac", "rllib"),
+    ("pendulum-sac", "torchrl"),
 ]
 RANDOM_EPISODES = 200  # random play's return beside each row: episodes 0-199 of crossrl.core.envs.random_returns
 
