@@ -113,7 +113,7 @@ class TrialRecorder:
         self.result.points = list(carried.points)
         self.pending = list(carried.points)
         tags = dict(zip(RESUMED_TAGS, (carried.run, str(carried.env_step), str(carried.folder)), strict=True))
-        self.store.set_tags(self.run_id, tags, what="resume tags")
+        self.store.set_tags(self.run_id, tags, what="resume tags", ref_tags=RESUMED_TAGS[:1])
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")

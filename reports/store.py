@@ -255,8 +255,15 @@ class ResultsStore:
         if metrics:
             self._emit({"op": "batch", "run": run_id, "metrics": metrics})
 
-    def set_tags(self, run_id: str, tags: Mapping[str, str], *, what: str = "tags") -> None:
-        self._emit({"op": "batch", "run": run_id, "tags": {k: str(v)[:5000] for k, v in tags.items()}, "what": what})
+    def set_tags(
+        self, run_id: str, tags: Mapping[str, str], *, what: str = "tags", ref_tags: Sequence[str] = ()
+    ) -> None:
+        """Tags on a run; those named in ``ref_tags`` hold a run id that may still be a journal ref (resolved to the
+        store's id as it is sent)."""
+        op: dict[str, Any] = {"op": "batch", "run": run_id, "tags": {k: str(v)[:5000] for k, v in tags.items()}}
+        if ref_tags:
+            op["ref_tags"] = list(ref_tags)
+        self._emit({**op, "what": what})
 
     def log_native_config(self, run_id: str, config: Mapping[str, Any], *, from_env_step: int | None = None) -> None:
         """The engine's own config: as ``native.*`` params and an artifact. A later config of the same run (a PBT
