@@ -375,7 +375,7 @@ class Sweep:
         self.running: dict[str, RunningTrial] = {}
         self.history: list[RunningTrial] = []  # every trial placed so far, for who shared a node with whom
 
-    def start(self, trial: Trial, index: int | None = None) -> None:
+    def start(self, trial: Trial) -> None:
         """Opens the trial's run and asks the cluster for its placement group."""
         from ray.util.placement_group import placement_group
 
@@ -389,8 +389,7 @@ class Sweep:
             tags = {ATTEMPT_TAG: str(self.retries[trial.name] + 1), RETRY_AFTER_TAG: self.lost_on[trial.name]}
             self.store.set_tags(run_id, tags, what="retry tags")
         self.running[trial.name] = RunningTrial(trial, rec, group, group.ready(), queued_at=time.perf_counter())
-        at = self.index.get(trial.name, 0) if index is None else index
-        self.progress("trial_start", {"trial": trial, "index": at, "total": self.total})
+        self.progress("trial_start", {"trial": trial, "index": self.index.get(trial.name, 0), "total": self.total})
 
     def place(self, r: RunningTrial) -> None:
         """Starts the trial's host actor in its (ready) placement group; a trial that continues from a checkpoint gets
