@@ -597,6 +597,15 @@ def tune(
     skip_unsupported: Annotated[
         bool, typer.Option("--skip-unsupported", help="leave out the engines that refuse the search's trials")
     ] = False,
+    max_retries: Annotated[
+        int,
+        typer.Option(
+            "--max-retries",
+            metavar="N",
+            help="start a configuration lost with its node (or its actor) again from its newest checkpoint up to N "
+            "times",
+        ),
+    ] = 2,
 ) -> None:
     """Search each engine's hyperparameters on Ray Tune (the spec's search section: the same space and budget for
     every engine), then run each engine's best configuration and the spec's own setting on the test seeds. An engine
@@ -608,6 +617,8 @@ def tune(
     from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import SpecError
 
+    if max_retries < 0:
+        _fail([f"--max-retries {max_retries}: it cannot be negative"])
     scenario, path = _load(spec, _overrides(engines_, None, None, None, sets))
     if scenario.search is None:
         _fail([f"{path}: no search section: add `search: {{space: ..., env_steps: N}}` (docs/tuning.md)"])
@@ -636,6 +647,7 @@ def tune(
                 command=" ".join(sys.argv),
                 test=not no_test,
                 resume=resume,
+                max_retries=max_retries,
             )
     except SpecError as e:
         _fail(e.problems)

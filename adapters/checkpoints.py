@@ -257,6 +257,15 @@ def pack(folder: Path) -> bytes:
     return out.getvalue()
 
 
+def packed_meta(data: bytes) -> dict[str, Any]:
+    """The ``crossrl.json`` of a packed checkpoint (not checked: :func:`unpack` checks it)."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+        member = tar.extractfile(META)
+        if member is None:
+            raise CheckpointError(f"no {META} in the packed checkpoint")
+        return dict(json.loads(member.read()))
+
+
 def unpack(root: Path, name: str, data: bytes) -> Path:
     """``data`` (from :func:`pack`) as the checkpoint ``root/name``, written as :func:`write` writes one (a
     temporary folder renamed into place) and checked against its ``crossrl.json`` before it is trusted; raises

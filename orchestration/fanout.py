@@ -211,6 +211,45 @@ class TrialHost:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
+class CheckpointKeeper:
+    """Checkpoints for trials the launcher does not drive itself (a search's, run by Ray Tune's trial actors): a Ray
+    actor on the launcher's node that stores what trials ship under each trial's checkpoint folder there (as
+    :meth:`Sweep.received` does) and hands back the one a trial started again is to continue from."""
+
+    def __init__(self) -> None:
+        self._plans: dict[str, str] = {}  # trial -> the checkpoint folder its next start continues from
+
+    def store(self, root: str, name: str, data: bytes, keep: int) -> str:
+        """``data`` (:func:`checkpoints.pack`) as ``root/name``, the newest ``keep`` kept; its path here, or "" for one
+        that did not come whole."""
+        try:
+            folder = checkpoints.unpack(Path(root), name, data)
+            checkpoints.prune(Path(root), keep)
+        except (checkpoints.CheckpointError, OSError):
+            return ""
+        return str(folder)
+
+    def plan(self, trial: str, folder: str) -> None:
+        """The trial's next start continues from ``folder`` (a checkpoint stored here)."""
+        self._plans[trial] = folder
+
+    def planned(self, trial: str) -> tuple[str, bytes] | None:
+        """The checkpoint planned for the trial's start, packed (once: a later start has its own plan, or none)."""
+        folder = self._plans.pop(trial, "")
+        if not folder or not Path(folder).is_dir():
+            return None
+        return Path(folder).name, checkpoints.pack(Path(folder))
+
+
+def start_keeper() -> Any:
+    """A :class:`CheckpointKeeper` on this (the launcher's) node, holding no CPU."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    return ray.remote(CheckpointKeeper).options(num_cpus=0, scheduling_strategy=here).remote()  # type: ignore[attr-defined]
+
+
 class _Usage(UsageMeter):
     """Peak RSS and CPU seconds of the host process and the actors of its placement group on this node."""
 

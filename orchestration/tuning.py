@@ -96,9 +96,15 @@ def _trainable(
     trials: dict[str, str],
     bounds: dict[str, tuple[float, float]],
     pbt_interval: int = 0,
+    keeper: Any = None,
 ) -> None:
     """One configuration (a population member under PBT): its crossrl trial in a TrialHost, its messages handed to
     Tune with each result.
+
+    The trial's checkpoints are shipped to ``keeper`` (:class:`~crossrl.orchestration.fanout.CheckpointKeeper`, on the
+    launcher's node), which stores them in the launcher's results folder; a start the launcher planned (a retry after
+    the trial's node was lost, a resumed search) continues from the checkpoint the keeper hands back. A host that dies
+    raises :class:`TrialLost`: Ray Tune then starts the trial again while it has retries left.
 
     The trial is the Tune trial's own (by its name: PBT's exploit copies the donor's whole config, the index
     included); the config's hyperparameters go over it. A Tune checkpoint to start from (a paused member restarted, or
@@ -117,7 +123,14 @@ def _trainable(
     pending: list[dict[str, Any]] = []
     scratch = Path(tempfile.mkdtemp(prefix=f"crossrl-tune-{trial.name}-"))
     start_from = tune.get_checkpoint()
-    if start_from is not None:
+    planned = ray.get(keeper.planned.remote(trial.name)) if keeper is not None else None
+    if planned is not None:  # the launcher's own checkpoint of this trial, shipped here
+        meta = checkpoints.packed_meta(planned[1])
+        pending.append(
+            {"kind": "resumed", "from": trial.name, "env_step": int(meta["env_steps_sampled"]), "copy": False,
+             "values": values}
+        )  # fmt: skip
+    elif start_from is not None:
         local = scratch / "resume"
         start_from.to_directory(str(local))
         meta = checkpoints.read_meta(local)
@@ -145,7 +158,7 @@ def _trainable(
             scheduling_strategy=strategy,
             runtime_env={"env_vars": {**fanout.HOST_ENV, WATCH_DIR_ENV: watch_dir}},
         )
-        .remote(trial.model_dump_json())
+        .remote(trial.model_dump_json(), ship_checkpoints=keeper is not None, resume=planned)
     )
     started = time.perf_counter()
     points: list[tuple[int, dict[str, float]]] = []
@@ -178,21 +191,22 @@ def _trainable(
             else:
                 try:
                     answer = ray.get(host.take.remote(), timeout=120)
-                except Exception as e:  # the host died: its node went away, or it was killed
+                except Exception as e:  # the host died: its node went away, it was killed, or ran out of memory
                     first = str(e).splitlines()[0][:200] if str(e) else ""
-                    pending.append(
-                        {"kind": "error", "error": f"trial actor died ({type(e).__name__}: {first})", "traceback": ""}
-                    )
-                    answer = {"messages": []}
-                    final = True
+                    if pending:
+                        report(False)
+                    raise TrialLost(f"trial actor died ({type(e).__name__}: {first})") from None
                 usage = {k: answer[k] for k in ("peak_rss", "cpu_seconds") if k in answer} or usage
                 for msg in answer["messages"]:
-                    pending.append(msg)
                     kind = msg.get("kind")
+                    on_node = str(msg.get("path", ""))  # a checkpoint's folder on this node
+                    if kind == "checkpoint" and "data" in msg:
+                        msg = _kept(keeper, trial, msg)
+                    pending.append(msg)
                     if kind == "point":
                         points.append((int(msg["step"]), msg["values"]))
-                    elif kind == "checkpoint" and pbt and not _at_the_end(msg, trial):
-                        report(False, checkpoint=str(msg["path"]))
+                    elif kind == "checkpoint" and pbt and on_node and not _at_the_end(msg, trial):
+                        report(False, checkpoint=on_node)
                     final = final or kind in ("done", "error", "verdict")
             if final:
                 with contextlib.suppress(Exception):
@@ -208,6 +222,22 @@ def _trainable(
         with contextlib.suppress(Exception):
             ray.kill(host)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+class TrialLost(RuntimeError):
+    """A search trial's host died (its node lost, its actor killed): not the trial's own fault; Ray Tune retries it."""
+
+
+def _kept(keeper: Any, trial: Trial, msg: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint the host shipped, stored by the keeper under the trial's checkpoint folder at the launcher; the
+    message then names it there ("" when it did not come whole) and says what shipping cost."""
+    import ray
+
+    t0 = time.perf_counter()
+    data, pack_s = msg.pop("data"), float(msg.pop("pack_s", 0.0))
+    root = trial.checkpoint_dir or ""
+    path = ray.get(keeper.store.remote(root, Path(msg["path"]).name, data, trial.checkpoint.keep)) if root else ""
+    return {**msg, "path": path, "ship_s": pack_s + time.perf_counter() - t0}
 
 
 def _at_the_end(checkpoint: dict[str, Any], trial: Trial) -> bool:
@@ -232,6 +262,7 @@ class _Member:
     timeout: str = ""
     recorded: bool = False
     values: dict[str, Any] = field(default_factory=dict)  # its hyperparameters now (PBT changes them)
+    node: dict[str, str] = field(default_factory=dict)  # where its host runs
 
 
 class Recorder(tune.Callback):  # type: ignore[misc]
@@ -249,8 +280,14 @@ class Recorder(tune.Callback):  # type: ignore[misc]
         results: list[TrialResult],
         attempts: dict[str, list[str]] | None = None,
         carried: dict[str, Carried] | None = None,
+        keeper: Any = None,
+        max_retries: int = fanout.MAX_RETRIES,
     ) -> None:
         self.store, self.parent_id, self.spec, self.trials = store, parent_id, spec, trials
+        self.keeper = keeper  # the launcher's CheckpointKeeper: a trial started again continues from what it planned
+        self.max_retries = max_retries
+        self.retries: dict[str, int] = {}  # trial -> how many times Tune started it again after its host died
+        self.lost_on: dict[str, str] = {}  # trial -> what its last attempt was lost with
         self.scheduler, self.progress, self.results = scheduler, progress, results
         self.attempts, self.carried = attempts or {}, carried or {}  # a resumed search's killed attempts
         self.beat = Heartbeat(store, parent_id)
@@ -287,9 +324,16 @@ class Recorder(tune.Callback):  # type: ignore[misc]
                 what="search tags",
             )
         rec = TrialRecorder(ours, store=store, run_id=run_id, progress=self.progress)
-        if ours.name in self.carried:  # a resumed search: the killed attempt's points up to its checkpoint
+        if ours.name in self.carried:  # a resumed search, or a retry: the lost attempt's points up to its checkpoint
             with deferred_signals():
-                rec.carry_over(self.carried[ours.name])
+                rec.carry_over(self.carried.pop(ours.name))
+        if ours.name in self.retries:
+            tags = {
+                fanout.ATTEMPT_TAG: str(self.retries[ours.name] + 1),
+                fanout.RETRY_AFTER_TAG: self.lost_on[ours.name],
+            }
+            with deferred_signals():
+                store.set_tags(run_id, tags, what="retry tags")
         self.members[trial.trial_id] = _Member(ours, rec, time.perf_counter(), values=values)
         self.progress("trial_start", {"trial": ours, "index": index, "total": len(self.trials)})
 
@@ -303,6 +347,7 @@ class Recorder(tune.Callback):  # type: ignore[misc]
             for msg in result.get(MESSAGES_KEY, []):
                 kind = msg.get("kind")
                 if kind == "node":
+                    member.node = {"id": str(msg["id"]), "host": str(msg["host"])}
                     self.store.set_tags(
                         member.rec.run_id, {"node.id": msg["id"], "node.host": msg["host"]}, what="placement tags"
                     )
@@ -364,6 +409,70 @@ class Recorder(tune.Callback):  # type: ignore[misc]
     def on_trial_error(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
         self._end(trial, errored=True)
 
+    def on_trial_recover(self, iteration: int, trials: list[Any], trial: Any, **info: Any) -> None:
+        """Tune starts a failed trial again (it has retries left): its attempt ends KILLED naming its node, superseded
+        by the next, which continues from the newest checkpoint the launcher holds (planned with the keeper) and carries
+        the points up to it. A trial that failed on its own (its env) reports its error and is never retried: it
+        ends, as the search goes on."""
+        member = self.members.pop(trial.trial_id, None)
+        if member is None or member.recorded:
+            return
+        rec, name = member.rec, member.trial.name
+        lost = self._lost(member)
+        self.record(member, superseded=True)
+        self.retries[name] = self.retries.get(name, 0) + 1
+        self.lost_on[name] = lost
+        self.attempts.setdefault(name, []).append(rec.run_id)
+        found = None
+        if member.trial.checkpoint_dir is not None:
+            found = checkpoints.newest_good(
+                Path(member.trial.checkpoint_dir), fingerprint=member.trial.fingerprint, trial=name,
+                warn=lambda msg: self.progress("warning", {"trial": member.trial, "message": msg}),
+            )  # fmt: skip
+        step = None
+        if found is not None and self.keeper is not None:
+            import ray
+
+            folder, meta = found
+            step = int(meta["env_steps_sampled"])
+            points = [(s, v) for s, v in rec.result.points if s <= step]
+            self.carried[name] = Carried(folder, step, float(meta["train_s"]), points, rec.run_id)
+            ray.get(self.keeper.plan.remote(name, str(folder)))
+        self.progress(
+            "retry",
+            {
+                "trial": member.trial,
+                "lost": lost,
+                "attempt": self.retries[name] + 1,
+                "of": self.max_retries + 1,
+                "env_step": step,
+            },
+        )
+
+    def _lost(self, member: _Member) -> str:
+        """The member's attempt ends KILLED (not its fault): its node lost, or its actor alone dead (reason and tags
+        as a sweep's, :meth:`~crossrl.orchestration.fanout.Sweep.judge`)."""
+        rec = member.rec
+        node = member.node
+        alive = fanout.node_alive(node.get("id", ""))
+        deadline = time.monotonic() + LOST_NODE_WAIT_S
+        while alive and node and time.monotonic() < deadline:  # Ray may not have seen the node go yet
+            time.sleep(1.0)
+            alive = fanout.node_alive(node["id"])
+        step = rec.result.points[-1][0] if rec.result.points else 0
+        where = f"node {node.get('host', '?')} ({node.get('id', '?')[:12]})" if node else "an unknown node"
+        if alive:
+            rec.result.reason = f"trial actor died on {where} at env step {step:,}"
+            lost = f"its actor on {where} died"
+        else:
+            rec.result.reason = f"{where} was lost at env step {step:,}"
+            lost = f"{where} was lost"
+        rec.result.status = M.KILLED
+        with deferred_signals():
+            tags = dict(zip(fanout.LOST_TAGS, (node.get("id", ""), node.get("host", ""), str(step)), strict=True))
+            self.store.set_tags(rec.run_id, tags, what="lost-node tags")
+        return lost
+
     def _end(self, trial: Any, *, errored: bool) -> None:
         member = self.members.get(trial.trial_id)
         if member is None or member.recorded:
@@ -373,6 +482,8 @@ class Recorder(tune.Callback):  # type: ignore[misc]
             rec.result.status, rec.result.reason = M.TIMEOUT, member.timeout
         elif rec.done or rec.error is not None:
             rec.ended(not errored, "the trial's Tune actor ended")
+        elif errored and _host_died(_tune_error(trial)):  # no retries left: KILLED naming its node, for --resume
+            self._lost(member)
         elif errored:
             rec.result.status, rec.result.reason = M.FAILED, f"the Tune trial failed: {_tune_error(trial)}"
         else:  # stopped by the scheduler before its budget: it ended as the search decided
@@ -382,7 +493,8 @@ class Recorder(tune.Callback):  # type: ignore[misc]
             self.store.set_tags(rec.run_id, {"search.stopped": str(step)}, what="search tags")
         self.record(member)
 
-    def record(self, member: _Member) -> None:
+    def record(self, member: _Member, *, superseded: bool = False) -> None:
+        """The member's end in the store; a ``superseded`` attempt (Tune starts it again) is not one of the results."""
         member.recorded = True
         with held_signals(), tempfile.TemporaryDirectory(prefix="crossrl-logs-") as tmp:
             log_path = None
@@ -407,7 +519,8 @@ class Recorder(tune.Callback):  # type: ignore[misc]
                         {"search.final_values": json.dumps(member.values, sort_keys=True)},
                         what="search tags",
                     )
-        self.results.append(result)
+        if not superseded:
+            self.results.append(result)
 
     def unended(self, reason: str) -> None:
         """Trials Tune left running (the search was stopped): KILLED, with what they logged."""
@@ -461,6 +574,15 @@ def _brief(values: dict[str, Any]) -> str:
 def _drawn(configs: Sequence[dict[str, Any]], name: str, config: dict[str, Any]) -> Any:
     """A Tune trial's value of ``name``: the one drawn for its configuration (every engine gets the same draws)."""
     return configs[int(config[CONFIG_KEY])][name]
+
+
+LOST_NODE_WAIT_S = 30.0  # how long a retried trial's node may still count as alive before its actor alone is blamed
+
+
+def _host_died(error: str) -> bool:
+    """Whether a Tune trial's error is its host's (or its Tune actor's) death, not the trial's own."""
+    return any(word in error for word in ("TrialLost", "trial actor died", "ActorDiedError", "RayActorError",
+                                          "ActorUnavailableError", "NodeDiedError"))  # fmt: skip
 
 
 def _tune_error(trial: Any) -> str:
@@ -573,6 +695,7 @@ def search_engine(
     spec_path: Path | None,
     command: str,
     earlier: Any | None = None,
+    max_retries: int = fanout.MAX_RETRIES,
 ) -> EngineSearch:
     """One engine's search on Ray Tune (the launcher is connected to the cluster at ``address``).
 
@@ -630,6 +753,7 @@ def search_engine(
             out=EngineSearch(engine=engine, parent_id=parent_id, results=kept),
             attempts=attempts,
             carried=carried,
+            max_retries=max_retries,
         )
     parent_id = store.start_parent(
         spec.with_config({}, engines=[engine]), spec_path=spec_path, command=command, kind=SEARCH_KIND
@@ -663,6 +787,7 @@ def search_engine(
         parallel=parallel,
         progress=progress,
         out=out,
+        max_retries=max_retries,
     )
 
 
@@ -700,7 +825,7 @@ def scheduler_for(search: SearchSpec) -> Any:
 
 def _tuner(
     spec: ScenarioSpec, engine: str, trials: list[Trial], indices: list[int], *, store: ResultsStore, parallel: int,
-    recorder: Recorder,
+    recorder: Recorder, max_retries: int = fanout.MAX_RETRIES,
 ) -> Any:  # fmt: skip
     """The Tune run of configurations ``indices``: each a trial of ``trials`` (its values drawn from the search's one
     sample, so every engine gets the same), in a placement group of the trial's own bundles, reported to
@@ -721,6 +846,7 @@ def _tuner(
                 trials={t.name: t.model_dump_json() for t in trials},
                 bounds=bounds_of(search),
                 pbt_interval=search.interval_env_steps if search.scheduler == "pbt" else 0,
+                keeper=recorder.keeper,
             ),
             resources,
         ),
@@ -739,7 +865,7 @@ def _tuner(
             storage_path=str(store.results_dir / "tune"),
             callbacks=[recorder],
             verbose=0,
-            failure_config=tune.FailureConfig(max_failures=0),
+            failure_config=tune.FailureConfig(max_failures=max_retries),
         ),
     )
 
@@ -781,11 +907,18 @@ def _run_search(
     out: EngineSearch,
     attempts: dict[str, list[str]] | None = None,
     carried: dict[str, Carried] | None = None,
+    max_retries: int = fanout.MAX_RETRIES,
 ) -> EngineSearch:
     """The configurations ``indices`` of ``trials`` on Ray Tune, recorded under ``parent_id`` into ``out``; then the
-    search's ending (best configuration, cost, lineage) on its parent run."""
+    search's ending (best configuration, cost, lineage) on its parent run. A configuration lost with its node (or its
+    host actor) is started again by Tune from its newest checkpoint at the launcher, up to ``max_retries`` times."""
     search = spec.search
     assert search is not None
+    keeper = fanout.start_keeper()  # the trials' checkpoints, in the launcher's results folder
+    for t in trials:  # a resumed search's configurations continue from the checkpoints found for them
+        if t.resume_from:
+            keeper.plan.remote(t.name, t.resume_from)
+    trials = [t.model_copy(update={"resume_from": None}) for t in trials]
     recorder = Recorder(
         store=store,
         parent_id=parent_id,
@@ -796,6 +929,8 @@ def _run_search(
         results=out.results,
         attempts=attempts,
         carried=carried,
+        keeper=keeper,
+        max_retries=max_retries,
     )
     t0, started = time.perf_counter(), time.monotonic()
     status, reason = M.FINISHED, ""
@@ -803,7 +938,8 @@ def _run_search(
         logging.getLogger("ray.tune").setLevel(logging.ERROR)  # the store has the results, not Tune's own files
         if indices:  # none left: a resumed search whose configurations had all ended
             with ctrl_c_as_interrupted():
-                _tuner(spec, engine, trials, indices, store=store, parallel=parallel, recorder=recorder).fit()
+                _tuner(spec, engine, trials, indices, store=store, parallel=parallel, recorder=recorder,
+                       max_retries=max_retries).fit()  # fmt: skip
         stopped = stop_since(started)
         if stopped is not None:  # Tune's loop caught the stop and returned early: the search was stopped all the same
             raise Interrupted(stopped)
@@ -828,6 +964,7 @@ def run_tune(
     engines: Sequence[str] | None = None,
     ray_address: str | None = None,
     parallel: int = 1,
+    max_retries: int = fanout.MAX_RETRIES,
     progress: Progress | None = None,
     spec_path: Path | None = None,
     command: str = "",
@@ -878,6 +1015,7 @@ def run_tune(
                     spec_path=spec_path,
                     command=command,
                     earlier=earlier,
+                    max_retries=max_retries,
                 )
                 outcome.searches.append(found)
                 on_search(found)

@@ -1,7 +1,8 @@
 """A node lost half-way through a fanned-out sweep (`crossrl run --ray-address ADDR --parallel 2`): its trial is started
 again on the surviving node from its newest checkpoint, which reached the launcher's results folder before the node
 went (each node keeps its trials' own files in a folder of its own, removed with the node, so nothing left there can
-be read by accident). With ``--max-retries 0`` the trial ends naming the lost node and ``--resume`` finishes it.
+be read by accident). With ``--max-retries 0`` the trial ends naming the lost node and ``--resume`` finishes it. A
+`crossrl tune` search's configuration lost the same way is started again by Ray Tune from its newest checkpoint.
 
 Each test starts a two-node cluster of its own: the second node is SIGKILLed whole (raylet, workers, the trial's
 actors), as a crashed or preempted machine goes.
@@ -21,6 +22,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from ray_nodes import Cluster, two_nodes
 
+from crossrl.orchestration.tuning import SEARCH_KIND
 from crossrl.reports.store import ResultsStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -61,7 +63,11 @@ def _client(results: Path) -> MlflowClient:
 
 def _trial_runs(results: Path) -> list[Any]:
     store = ResultsStore(None, results_dir=results)
-    [parent] = store.parent_runs("lost-node")
+    parents = store.parent_runs("lost-node")
+    if not parents:  # a search's: its parent run is of kind `search`
+        exp = store.experiment_id("lost-node", create=False)
+        parents = list(store.client.search_runs([exp], filter_string=f"tags.`crossrl.kind` = '{SEARCH_KIND}'"))
+    [parent] = parents
     return list(store.children(parent, superseded=True))
 
 
@@ -174,3 +180,33 @@ def test_without_retries_the_lost_trial_names_its_node_and_resume_finishes_it(
     newest = {r.info.run_name: r for r in sorted(runs, key=lambda r: r.info.start_time)}
     assert {r.data.tags["status"] for r in newest.values()} == {"FINISHED"}
     _check_resumed(newest[lost.info.run_name], lost, results, node_a)
+
+
+def test_a_lost_nodes_search_configuration_is_resumed_by_tune_and_the_search_finishes(
+    own_cluster: Cluster, tmp_path: Path
+) -> None:
+    spec = _spec(tmp_path, "crossrl")
+    raw = yaml.safe_load(spec.read_text())
+    raw["search"] = {"space": {"lr": {"loguniform": [1e-4, 3e-3]}}, "scheduler": "random", "configurations": 2,
+                     "env_steps": BUDGETS["crossrl"][0], "tuning_seeds": [7], "test_seeds": [0]}  # fmt: skip
+    spec.write_text(yaml.safe_dump(raw))
+    results = tmp_path / "results"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "crossrl.cli", "tune", str(spec), "--ray-address", own_cluster.address, "--parallel",
+         "2", "--no-test", "--results-dir", str(results)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=own_cluster.env,
+    )  # fmt: skip
+    _kill_second_node_half_way(own_cluster, run, results, BUDGETS["crossrl"][0])
+    out, err = _finish(run)
+    assert run.returncode == 0, f"exit {run.returncode}\n{out[-4000:]}\n{err[-4000:]}"
+    node_a, node_b = own_cluster.nodes["crossrl_test_node_a"], own_cluster.nodes["crossrl_test_node_b"]
+    runs = _trial_runs(results)
+    newest = {r.info.run_name: r for r in sorted(runs, key=lambda r: r.info.start_time)}
+    assert {r.data.tags["status"] for r in newest.values()} == {"FINISHED"} and len(newest) == 2, {
+        n: r.data.tags.get("reason") for n, r in newest.items()
+    }
+    [lost] = [r for r in runs if r.data.tags.get("status") == "KILLED"]
+    assert f"({node_b[:12]}) was lost at env step" in lost.data.tags["reason"], lost.data.tags["reason"]
+    attempt = newest[lost.info.run_name]
+    assert attempt.data.tags["attempt"] == "2" and "was lost" in attempt.data.tags["retry.after"]
+    _check_resumed(attempt, lost, results, node_a)

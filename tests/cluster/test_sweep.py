@@ -61,7 +61,8 @@ def test_two_trials_at_once_land_on_both_nodes_and_match_a_sequential_run(ray_cl
     for name in runs:
         fan_metrics = set(runs[name].data.metrics)  # type: ignore[attr-defined]
         seq_metrics = set(seq[name].data.metrics)  # type: ignore[attr-defined]
-        assert fan_metrics == seq_metrics, f"{name}: {fan_metrics ^ seq_metrics}"
+        # the same, and what shipping its checkpoints to the launcher cost (a fanned-out trial's only)
+        assert fan_metrics == seq_metrics | {"checkpoint.ship_s"}, f"{name}: {fan_metrics ^ seq_metrics}"
         history = MlflowClient(f"sqlite:///{tmp_path / 'fanned' / 'mlflow.db'}").get_metric_history(
             runs[name].info.run_id,  # type: ignore[attr-defined]
             "env_steps_sampled",

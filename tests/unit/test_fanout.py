@@ -122,3 +122,24 @@ def test_a_lost_trial_is_queued_first_from_its_newest_good_checkpoint_with_its_p
         (folder / "crossrl.json").unlink()
     sweep.retry(trial, rec, "node h (abc) was lost")  # type: ignore[arg-type]
     assert sweep.waiting[0].resume_from is None and trial.name not in sweep.carried
+
+
+def test_the_keeper_stores_what_search_trials_ship_and_hands_back_the_planned_one_once(tmp_path: Path) -> None:
+    """A search's trials (run by Ray Tune's actors) ship their checkpoints to a keeper on the launcher's node."""
+    from crossrl.orchestration.fanout import CheckpointKeeper
+
+    trial = _trial(tmp_path)
+    keeper = CheckpointKeeper()
+    root = str(tmp_path / "launcher" / "ck")
+    stored = [
+        keeper.store(root, f.name, C.pack(f), 2) for f in (_checkpoint(tmp_path / "node", trial, s) for s in (1, 2, 3))
+    ]
+    assert [Path(p).name for p in stored] == ["ckpt-000000000001", "ckpt-000000000002", "ckpt-000000000003"]
+    assert [f.name for f in C.checkpoints(Path(root))] == ["ckpt-000000000003", "ckpt-000000000002"]  # keep: 2
+    whole = C.pack(Path(stored[-1]))
+    assert keeper.store(root, "ckpt-000000000004", whole[: len(whole) // 2], 2) == ""  # torn on the way: not stored
+    assert keeper.planned(trial.name) is None  # nothing planned: the trial starts as Tune starts it
+    keeper.plan(trial.name, stored[-1])
+    name, data = keeper.planned(trial.name) or ("", b"")
+    assert name == "ckpt-000000000003" and C.packed_meta(data)["env_steps_sampled"] == 3
+    assert keeper.planned(trial.name) is None  # once
