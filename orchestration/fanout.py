@@ -554,18 +554,7 @@ class Sweep:
         alive = node_alive(r.node.get("id", ""))
         if alive and time.monotonic() - since < LOST_WAIT_S:
             return  # Ray may not have seen the node go yet
-        step = r.rec.result.points[-1][0] if r.rec.result.points else 0
-        where = f"node {_where(r.node)}" if r.node else "an unknown node"
-        if alive:
-            r.rec.result.reason = f"trial actor died on {where} at env step {step:,} ({error})"
-            lost = f"its actor on {where} died"
-        else:
-            r.rec.result.reason = f"{where} was lost at env step {step:,} ({error})"
-            lost = f"{where} was lost"
-        r.rec.result.status = M.KILLED  # not the trial's fault: `--resume` runs it again
-        with deferred_signals():
-            tags = dict(zip(LOST_TAGS, (r.node.get("id", ""), r.node.get("host", ""), str(step)), strict=True))
-            self.store.set_tags(r.rec.run_id, tags, what="lost-node tags")
+        lost = mark_lost(r.rec, self.store, r.node, alive=alive, error=error)
         name = r.trial.name
         again = self.retries.get(name, 0) < self.max_retries
         self.finish(r, superseded=again)
@@ -674,6 +663,27 @@ class Sweep:
     def release(self) -> None:
         for r in list(self.running.values()):
             self.stop_host(r)
+
+
+def mark_lost(rec: TrialRecorder, store: ResultsStore, node: dict[str, str], *, alive: bool, error: str = "") -> str:
+    """A trial's attempt ends KILLED (not its fault: a retry or `--resume` runs it again) because its host died: its
+    node lost (``alive`` False) or its actor alone; the reason names the node and the env step, the tags say the same.
+    Returns what the attempt was lost with, for the retry's console line and ``retry.after`` tag."""
+    step = rec.result.points[-1][0] if rec.result.points else 0
+    where = f"node {_where(node)}" if node else "an unknown node"
+    detail = f" ({error})" if error else ""
+    if alive:
+        rec.result.reason, lost = (
+            f"trial actor died on {where} at env step {step:,}{detail}",
+            f"its actor on {where} died",
+        )
+    else:
+        rec.result.reason, lost = f"{where} was lost at env step {step:,}{detail}", f"{where} was lost"
+    rec.result.status = M.KILLED
+    with deferred_signals():
+        tags = dict(zip(LOST_TAGS, (node.get("id", ""), node.get("host", ""), str(step)), strict=True))
+        store.set_tags(rec.run_id, tags, what="lost-node tags")
+    return lost
 
 
 def _where(node: dict[str, str]) -> str:

@@ -459,19 +459,7 @@ class Recorder(tune.Callback):  # type: ignore[misc]
         while alive and node and time.monotonic() < deadline:  # Ray may not have seen the node go yet
             time.sleep(1.0)
             alive = fanout.node_alive(node["id"])
-        step = rec.result.points[-1][0] if rec.result.points else 0
-        where = f"node {node.get('host', '?')} ({node.get('id', '?')[:12]})" if node else "an unknown node"
-        if alive:
-            rec.result.reason = f"trial actor died on {where} at env step {step:,}"
-            lost = f"its actor on {where} died"
-        else:
-            rec.result.reason = f"{where} was lost at env step {step:,}"
-            lost = f"{where} was lost"
-        rec.result.status = M.KILLED
-        with deferred_signals():
-            tags = dict(zip(fanout.LOST_TAGS, (node.get("id", ""), node.get("host", ""), str(step)), strict=True))
-            self.store.set_tags(rec.run_id, tags, what="lost-node tags")
-        return lost
+        return fanout.mark_lost(rec, self.store, node, alive=alive)
 
     def _end(self, trial: Any, *, errored: bool) -> None:
         member = self.members.get(trial.trial_id)
