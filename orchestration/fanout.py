@@ -568,25 +568,19 @@ class Sweep:
         self.retries[name] = self.retries.get(name, 0) + 1
         self.lost_on[name] = lost
         self.attempts.setdefault(name, []).append(rec.run_id)
-        found = None
-        if trial.checkpoint_dir is not None:
-            found = checkpoints.newest_good(
-                Path(trial.checkpoint_dir), fingerprint=trial.fingerprint, trial=name,
-                warn=lambda msg: self.progress("warning", {"trial": trial, "message": msg}),
-            )  # fmt: skip
+        found = carried_from_newest(
+            trial, rec, warn=lambda msg: self.progress("warning", {"trial": trial, "message": msg})
+        )
         if found is None:
             self.carried.pop(name, None)
             again = trial.model_copy(update={"resume_from": None})
         else:
-            folder, meta = found
-            step = int(meta["env_steps_sampled"])
-            points = [(s, v) for s, v in rec.result.points if s <= step]
-            self.carried[name] = Carried(folder, step, float(meta["train_s"]), points, rec.run_id)
-            again = trial.model_copy(update={"resume_from": str(folder)})
+            self.carried[name] = found
+            again = trial.model_copy(update={"resume_from": str(found.folder)})
         self.progress(
             "retry",
             {"trial": trial, "lost": lost, "attempt": self.retries[name] + 1, "of": self.max_retries + 1,
-             "env_step": None if found is None else self.carried[name].env_step},
+             "env_step": None if found is None else found.env_step},
         )  # fmt: skip
         self.waiting.appendleft(again)
 
@@ -663,6 +657,22 @@ class Sweep:
     def release(self) -> None:
         for r in list(self.running.values()):
             self.stop_host(r)
+
+
+def carried_from_newest(trial: Trial, rec: TrialRecorder, *, warn: Callable[[str], None]) -> Carried | None:
+    """Where a lost attempt's trial starts again: its newest good checkpoint in the launcher's folder and the attempt's
+    points up to it (None without one: from the start)."""
+    if trial.checkpoint_dir is None:
+        return None
+    found = checkpoints.newest_good(
+        Path(trial.checkpoint_dir), fingerprint=trial.fingerprint, trial=trial.name, warn=warn
+    )
+    if found is None:
+        return None
+    folder, meta = found
+    step = int(meta["env_steps_sampled"])
+    points = [(s, v) for s, v in rec.result.points if s <= step]
+    return Carried(folder, step, float(meta["train_s"]), points, rec.run_id)
 
 
 def mark_lost(rec: TrialRecorder, store: ResultsStore, node: dict[str, str], *, alive: bool, error: str = "") -> str:

@@ -423,21 +423,16 @@ class Recorder(tune.Callback):  # type: ignore[misc]
         self.retries[name] = self.retries.get(name, 0) + 1
         self.lost_on[name] = lost
         self.attempts.setdefault(name, []).append(rec.run_id)
-        found = None
-        if member.trial.checkpoint_dir is not None:
-            found = checkpoints.newest_good(
-                Path(member.trial.checkpoint_dir), fingerprint=member.trial.fingerprint, trial=name,
-                warn=lambda msg: self.progress("warning", {"trial": member.trial, "message": msg}),
-            )  # fmt: skip
+        found = fanout.carried_from_newest(
+            member.trial, rec, warn=lambda msg: self.progress("warning", {"trial": member.trial, "message": msg})
+        )
         step = None
         if found is not None and self.keeper is not None:
             import ray
 
-            folder, meta = found
-            step = int(meta["env_steps_sampled"])
-            points = [(s, v) for s, v in rec.result.points if s <= step]
-            self.carried[name] = Carried(folder, step, float(meta["train_s"]), points, rec.run_id)
-            ray.get(self.keeper.plan.remote(name, str(folder)))
+            step = found.env_step
+            self.carried[name] = found
+            ray.get(self.keeper.plan.remote(name, str(found.folder)))
         self.progress(
             "retry",
             {
