@@ -1470,23 +1470,47 @@ def bench_e2e_cmd(
             help="also time the raw env alone and crossrl's learner alone, and give wall time against their sum",
         ),
     ] = True,
+    scenario: Annotated[
+        str,
+        typer.Option("--scenario", help="a built-in scenario or spec file with a target (PPO: the limit's learner)"),
+    ] = "cartpole-ppo",
+    sweep: Annotated[
+        bool,
+        typer.Option(
+            "--sweep",
+            help="run each engine in each of its layouts (crossrl's transports, RLlib's vectorisation, TorchRL's "
+            "batched env): one row per engine and layout, IQM wall seconds to target with its 95% CI",
+        ),
+    ] = False,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
     json_out: JsonOut = None,
 ) -> None:
-    """PPO CartPole-v1 wall seconds to return 450 per engine (the cartpole-ppo scenario, real runner), and each
-    against the limit: its env steps through the raw env alone plus crossrl's learner alone, timed in the same run."""
+    """Wall seconds to the target per engine (PPO CartPole-v1 to 450 by default, the real runner, each trial
+    stopping at its target, set-up excluded), and each against the limit: its env steps through the raw env alone
+    plus crossrl's learner alone, timed in the same run. --sweep: each engine in each of its layouts."""
     from crossrl.measure.bench.commands import bench_e2e
     from crossrl.measure.bench.results import print_e2e_table
     from crossrl.reports.store import ResultsStore
+    from crossrl.scenarios.loader import SpecError, load
 
+    try:
+        spec, _ = load(scenario)
+    except SpecError as e:
+        _fail(e.problems)
+    if spec.target.episode_return_mean is None:
+        _fail([f"bench e2e: {scenario} has no target.episode_return_mean to time; give one with a spec that sets it"])
+    if spec.algorithm.name != "ppo":
+        limit = False  # the limit's learner is crossrl's PPO learner
     console = _console()
     table = bench_e2e(
         engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
         seeds=tuple(_csv_ints(seeds, "--seeds") or ()),
         store=ResultsStore(tracking_uri, results_dir=results_dir),
+        scenario=scenario,
         progress=console.print,
         limit=limit,
+        sweep=sweep,
     )
     _emit_bench("e2e", table, print_e2e_table, json_out=json_out, tracking_uri=tracking_uri,
                 results_dir=results_dir, store=True, console=console)  # fmt: skip

@@ -117,7 +117,8 @@ class CrossrlAdapter:
                 transport=trial.transport,
                 max_restarts=trial.budget.max_worker_restarts,
             )
-            sink.tags(engine_version=_version(), optimizer=trial.optimizer, **info)
+            layout = f"{trial.workers} evaluator{'s' if trial.workers != 1 else ''} x {trial.envs_per_worker}, "
+            sink.tags(engine_version=_version(), optimizer=trial.optimizer, layout=layout + trial.transport, **info)
             sink.native_config(
                 {
                     "algorithm": trial.algorithm,

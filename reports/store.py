@@ -65,7 +65,7 @@ HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0
 PARENT_KINDS = ("parent", "search", "tuned")  # runs that hold trials: `crossrl run`'s, `crossrl tune`'s two kinds
 SUPERSEDED_TAG = "crossrl.superseded_by"  # on a trial run that `crossrl run --resume` ran again
-_TRIAL_TAGS = ("engine", "engine_version", "algorithm", "optimizer", "workers", "envs_per_worker", "seed")
+_TRIAL_TAGS = ("engine", "engine_version", "algorithm", "optimizer", "workers", "envs_per_worker", "seed", "layout")
 
 
 class StoreError(Exception):

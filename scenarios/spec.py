@@ -31,6 +31,17 @@ Transport = Literal["calls", "stream"]
 TRANSPORTS: tuple[str, ...] = get_args(Transport)
 DEFAULT_TRANSPORT: Transport = "stream"
 
+# The batched env each TorchRL collector worker steps: gymnasium's SyncVectorEnv of the spec's envs in GymWrapper
+# (autoreset disabled, so TorchRL resets each env itself), TorchRL's own SerialEnv of one GymWrapper per env, or
+# gymnasium's AsyncVectorEnv (a process per env). The same envs, seeds and steps either way.
+TorchrlEnv = Literal["gym_sync", "SerialEnv", "gym_async"]
+TORCHRL_ENVS: tuple[str, ...] = get_args(TorchrlEnv)
+DEFAULT_TORCHRL_ENV: TorchrlEnv = "gym_sync"
+# How each RLlib env runner vectorises its envs (gymnasium's VectorizeMode): one SyncVectorEnv, one AsyncVectorEnv
+# (a process per env), or the env's own vector class (gymnasium's vector entry point: CartPole has one).
+RllibVectorize = Literal["SYNC", "ASYNC", "VECTOR_ENTRY_POINT"]
+RLLIB_VECTORIZE: tuple[str, ...] = get_args(RllibVectorize)
+
 FRAME_SIZES: dict[str, tuple[int, int]] = {"atari": (84, 84), "minatar": (10, 10)}
 """The frames' height and width after each pixel preprocessing (what a conv stack sees)."""
 
@@ -407,6 +418,47 @@ class AlgorithmSpec(BaseModel):
         return self.model_copy(update={"hyperparams": Hyperparams.model_validate(given)})
 
 
+class TorchrlLayout(BaseModel):
+    """How TorchRL's collectors step a trial's envs (the collector class follows the algorithm)."""
+
+    model_config = _STRICT
+
+    env: TorchrlEnv | None = Field(
+        default=None,
+        description="the batched env of each collector worker: gym_sync (gymnasium's SyncVectorEnv in GymWrapper), "
+        "SerialEnv (TorchRL's, one GymWrapper per env) or gym_async (a process per env); null: gym_sync, TorchRL's "
+        "fastest measured for the same envs (docs/layouts.md); multi-agent envs always run in SerialEnv",
+    )
+
+
+class RllibLayout(BaseModel):
+    """How RLlib's env runners step a trial's envs (one runner per worker, envs_per_worker envs each)."""
+
+    model_config = _STRICT
+
+    vectorize: RllibVectorize = Field(
+        default="SYNC",
+        description="each env runner's vector env (gymnasium's VectorizeMode): SYNC, ASYNC (a process per env) or "
+        "VECTOR_ENTRY_POINT (the env's own vector class, where it has one, e.g. CartPole)",
+    )
+
+
+class LayoutSpec(BaseModel):
+    """Each engine's execution layout for the same workers and envs: the same envs, seeds and env steps whatever is
+    chosen, so not part of the fingerprint (trials in other layouts stay comparable); recorded in each trial's
+    native config."""
+
+    model_config = _STRICT
+
+    rllib: RllibLayout = Field(default_factory=RllibLayout)
+    torchrl: TorchrlLayout = Field(default_factory=TorchrlLayout)
+
+    def for_engine(self, engine: str) -> dict[str, Any]:
+        """One engine's layout as a Trial carries it ({} for an engine without layout knobs)."""
+        part = getattr(self, engine, None)
+        return part.model_dump(mode="json") if isinstance(part, BaseModel) else {}
+
+
 class ExecutionSpec(BaseModel):
     model_config = _STRICT
 
@@ -417,6 +469,11 @@ class ExecutionSpec(BaseModel):
         default=DEFAULT_TRANSPORT,
         description="how crossrl's evaluators hand fragments to the driver: a socket each (stream) or one Ray "
         "actor call per fragment (calls); the same fragments either way, so not part of the fingerprint",
+    )
+    layout: LayoutSpec = Field(
+        default_factory=LayoutSpec,
+        description="each engine's execution layout (TorchRL's batched env, RLlib's vectorisation); the same envs "
+        "and steps in any of them, so not part of the fingerprint",
     )
 
     @field_validator("workers", mode="before")
@@ -818,6 +875,7 @@ class ScenarioSpec(BaseModel):
         data["algorithm"]["hyperparams"] = self.algorithm.resolved_hyperparams()
         data["execution"].pop("workers")
         data["execution"].pop("transport")  # how fragments travel, not what is sampled
+        data["execution"].pop("layout")  # how each engine steps the same envs, likewise
         data["execution"]["optimizer"] = self.optimizer
         if not self.budget.stop_at_target:
             # Added after baselines existed: left out at its default so their fingerprints still match.
@@ -867,6 +925,7 @@ class ScenarioSpec(BaseModel):
                 algorithm=self.algorithm.name,
                 optimizer=self.optimizer,
                 transport=self.execution.transport,
+                layout=self.execution.layout.for_engine(engine),
                 hyperparams=hp,
                 model=self.algorithm.model,
                 env=self.env,
@@ -945,6 +1004,18 @@ def cross_field_problems(
             problems.append(f"algorithm.model.conv: {problem} ({env.id})")
     if algorithm is not None:
         problems += batch_problems(algorithm)
+    if env is not None and execution is not None and env.multi_agent:
+        chosen = execution.layout.torchrl.env
+        if chosen not in (None, "SerialEnv"):
+            problems.append(
+                f"execution.layout.torchrl.env: {chosen!r} is for single-agent envs; TorchRL steps a multi-agent env "
+                "(env.agents) in SerialEnv: leave it out"
+            )
+        if execution.layout.rllib.vectorize != "SYNC":
+            problems.append(
+                f"execution.layout.rllib.vectorize: {execution.layout.rllib.vectorize!r} is for single-agent envs; "
+                "RLlib steps a multi-agent env one per env runner: leave it out"
+            )
     return problems
 
 
@@ -1027,6 +1098,7 @@ class Trial(BaseModel):
     target_return: float | None = None
     ray_address: str | None = None
     transport: Transport = DEFAULT_TRANSPORT  # crossrl only
+    layout: dict[str, Any] = Field(default_factory=dict)  # this engine's part of execution.layout (rllib, torchrl)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     # Set by the runner: the folder this trial's checkpoints go to, and the checkpoint it continues from (--resume).
     checkpoint_dir: str | None = None

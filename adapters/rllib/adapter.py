@@ -285,6 +285,43 @@ def env_creator(env_config: Mapping[str, Any]) -> Any:
     return SignRewardKeepScore(make_env(spec)) if spec.resolved_reward_clip else make_env(spec)
 
 
+def vector_env_creator(env_config: Any) -> Any:
+    """RLlib's env creator for ``gym_env_vectorize_mode="vector_entry_point"`` (``execution.layout.rllib.vectorize:
+    VECTOR_ENTRY_POINT``): with ``num_envs`` in the config, crossrl's :func:`~crossrl.core.envs.make_vector_env` (the
+    env's own vector class where it has one, what crossrl's core steps); else one env (:func:`env_creator`)."""
+    from crossrl.core.envs import make_vector_env
+
+    if "num_envs" not in env_config:
+        return env_creator(env_config)
+    import ray
+
+    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+        import torch
+
+        torch.set_num_threads(1)  # env runner actors: one thread each, as env_creator sets for them
+    return make_vector_env(EnvSpec.model_validate(env_config["env_spec"]), int(env_config["num_envs"]))
+
+
+def vectorize_mode(trial: Trial) -> str:
+    """The trial's ``execution.layout.rllib.vectorize`` (SYNC when it names none); VECTOR_ENTRY_POINT refused with
+    reward clipping (the env's own vector class has no clipping wrapper)."""
+    mode = str(trial.layout.get("vectorize") or "SYNC")
+    if mode == "VECTOR_ENTRY_POINT" and trial.env.resolved_reward_clip:
+        raise ValueError(
+            "rllib: execution.layout.rllib.vectorize VECTOR_ENTRY_POINT steps the env's own vector class, which "
+            "cannot clip rewards (env.reward_clip); use SYNC or ASYNC"
+        )
+    return mode
+
+
+def layout_label(trial: Trial) -> str:
+    """The trial's layout on one line, e.g. ``2 runners x 4 SYNC`` (the ``layout`` tag, the report's trial table)."""
+    if trial.env.multi_agent:
+        return f"{trial.workers} runner{'s' if trial.workers != 1 else ''} x {trial.envs_per_worker} multi-agent"
+    mode = {"VECTOR_ENTRY_POINT": "native vector"}.get(vectorize_mode(trial), vectorize_mode(trial))
+    return f"{trial.workers} runner{'s' if trial.workers != 1 else ''} x {trial.envs_per_worker} {mode}"
+
+
 def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **_: Any) -> None:
     """Log the finished episode's whole return and length (earlier chunks included), unreduced. With reward
     clipping the return is the raw score, from the infos (:func:`chunk_score`)."""
@@ -436,6 +473,9 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         # crossrl's env guard reports it and the runner ends the trial (crossrl.orchestration.watch).
         .fault_tolerance(restart_failed_env_runners=True, max_num_env_runner_restarts=trial.budget.max_worker_restarts)
     )
+    mode = vectorize_mode(trial)
+    if mode != "SYNC":
+        config.env_runners(gym_env_vectorize_mode=mode.lower())  # gymnasium.VectorizeMode's values
     if trial.algorithm == "impala":
         # RLlib's default of >= 10 s per train() gives few, coarse points on short budgets.
         config.reporting(min_time_s_per_iteration=1)
@@ -900,7 +940,8 @@ class RllibAdapter:
             available = free_cpus()  # a sweep's trial: what its placement group has free
             plan = plan_resources(algorithm=trial.algorithm, workers=trial.workers, available_cpus=available)
             env_name = f"crossrl-{trial.fingerprint}-{uuid.uuid4().hex[:8]}"
-            register_env(env_name, env_creator)
+            vector = vectorize_mode(trial) == "VECTOR_ENTRY_POINT"
+            register_env(env_name, vector_env_creator if vector else env_creator)
             config = build_config(trial, plan=plan, env_name=env_name)
             resumed = sink.resumed()
             if resumed is not None:  # the runners' envs and sampling from fresh seeds (resume_seed)
@@ -932,7 +973,7 @@ class RllibAdapter:
                 restored |= {"rllib_env_steps_sampled": sampled, "step_offsets": [offsets.sampled, offsets.trained]}
                 print(f"rllib: restored {json.dumps(restored)}", file=sys.stderr, flush=True)
             sink.start_clock()
-            sink.tags(engine_version=ray.__version__, rllib_resources=plan.note, **cluster)
+            sink.tags(engine_version=ray.__version__, rllib_resources=plan.note, layout=layout_label(trial), **cluster)
             sink.native_config(native)
             built = algo
             save = functools.partial(save_engine, built, algorithm=trial.algorithm)

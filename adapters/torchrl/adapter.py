@@ -1,9 +1,11 @@
 """TorchRL 0.14 engine: TorchRL's envs, collectors, losses and value estimators behind crossrl's Adapter.
 
 Each worker steps ``envs_per_worker`` copies of :func:`crossrl.core.envs.make_env` (the very same
-gymnasium env, step latency included) through ``GymWrapper`` inside a ``SerialEnv``: one process per
-worker stepping its envs one after another, as crossrl's core and RLlib's env runners do (a
-``ParallelEnv`` would add one process per env on top, which a 2-core machine cannot feed).
+gymnasium env, step latency included) in one batched env (:func:`make_torchrl_env`): by default gymnasium's
+``SyncVectorEnv`` in ``GymWrapper`` (autoreset disabled; TorchRL resets the envs that ended), one process per
+worker stepping its envs one after another, as crossrl's core and RLlib's env runners do; the spec's
+``execution.layout.torchrl.env`` may name TorchRL's ``SerialEnv`` (one ``GymWrapper`` per env, 2.7x slower on
+CartPole: docs/layouts.md) or gymnasium's ``AsyncVectorEnv`` (a process per env) instead.
 ``StepCounter`` and ``RewardSum`` transforms give each finished episode's length and return.
 
 Collectors: ``Collector`` (one worker, in this process), ``MultiSyncCollector`` (several local
@@ -25,7 +27,7 @@ import functools
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -54,7 +56,7 @@ from crossrl.core.envs import make_env
 from crossrl.core.maths import mean_stats
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
-from crossrl.scenarios.spec import EnvSpec, Trial
+from crossrl.scenarios.spec import DEFAULT_TORCHRL_ENV, TORCHRL_ENVS, EnvSpec, Trial
 
 ON_POLICY_SYNC = ("ppo", "a2c")
 ASYNC = ("a3c", "impala")
@@ -236,23 +238,71 @@ def mapping_markdown() -> str:
     return "\n".join(rows)
 
 
-def make_torchrl_env(env_spec: EnvSpec, num_envs: int, *, worker_process: bool = False) -> EnvBase:
-    """``num_envs`` GymWrapper(make_env(spec)) stepped serially, with episode length/return counters.
+def batched_env(layout: Mapping[str, Any]) -> str:
+    """The batched env a trial's layout names (``execution.layout.torchrl.env``), the default when it names none."""
+    return str(layout.get("env") or DEFAULT_TORCHRL_ENV)
 
+
+def layout_label(trial: Trial, collector: str, env: str | None = None) -> str:
+    """The trial's layout on one line, e.g. ``MultiSync 2 x gym Sync(4)`` or ``Collector SerialEnv(1)`` (the ``layout``
+    tag, the report's trial table; as ``crossrl bench sampling --sweep`` names layouts)."""
+    batched = env or batched_env(trial.layout)
+    name = {"gym_sync": "gym Sync", "gym_async": "gym Async"}.get(batched, batched)
+    short = collector.removesuffix("Collector") or "Collector"
+    where = short if short == "Collector" else f"{short} {trial.workers} x"
+    return f"{where} {name}({trial.envs_per_worker})"
+
+
+ENV_DESCRIPTIONS: dict[str, str] = {
+    "gym_sync": "TransformedEnv(GymWrapper(gymnasium SyncVectorEnv({n} x make_env({id}), autoreset disabled)), "
+    "Compose(StepCounter(), RewardSum()))",
+    "gym_async": "TransformedEnv(GymWrapper(gymnasium AsyncVectorEnv({n} x make_env({id}), autoreset disabled)), "
+    "Compose(StepCounter(), RewardSum()))",
+    "SerialEnv": "TransformedEnv(SerialEnv({n} x GymWrapper(make_env({id}))), Compose(StepCounter(), RewardSum()))",
+}
+"""What each batched env is, for a trial's native config."""
+
+
+def make_torchrl_env(
+    env_spec: EnvSpec, num_envs: int, *, batched: str = DEFAULT_TORCHRL_ENV, worker_process: bool = False
+) -> EnvBase:
+    """``num_envs`` copies of ``make_env(spec)`` in one batched env, with episode length/return counters.
+
+    ``batched`` (``execution.layout.torchrl.env``): ``gym_sync`` / ``gym_async``, gymnasium's ``SyncVectorEnv`` /
+    ``AsyncVectorEnv`` in ``GymWrapper`` with autoreset disabled (TorchRL resets the envs that ended through the
+    vector env's ``reset_mask``, as it resets a ``SerialEnv``'s); ``SerialEnv``, one ``GymWrapper`` per env stepped
+    in turn through TorchRL's tensordicts (2.7x slower on CartPole, docs/layouts.md). The same envs either way.
     Module-level (not a closure) so collector worker processes started with spawn can unpickle it.
     """
     if worker_process:
         torch.set_num_threads(1)
-    base = SerialEnv(num_envs, functools.partial(_gym_env, env_spec), serial_for_single=True, mp_start_method=None)
-    return TransformedEnv(base, Compose(StepCounter(), RewardSum()))
+    if batched == "SerialEnv":
+        base = SerialEnv(num_envs, functools.partial(_gym_env, env_spec), serial_for_single=True, mp_start_method=None)
+        return TransformedEnv(base, Compose(StepCounter(), RewardSum()))
+    if batched not in ("gym_sync", "gym_async"):
+        raise ValueError(f"torchrl: batched env {batched!r} is not one of {', '.join(TORCHRL_ENVS)}")
+    import gymnasium as gym
+
+    fns = [functools.partial(make_env, env_spec)] * num_envs
+    mode = gym.vector.AutoresetMode.DISABLED
+    vec = (gym.vector.SyncVectorEnv(fns, autoreset_mode=mode) if batched == "gym_sync"
+           else gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode))  # fmt: skip
+    env = GymWrapper(vec, categorical_action_encoding=True)
+    return TransformedEnv(env, Compose(*_float32_transforms(env), StepCounter(), RewardSum()))
 
 
 def _gym_env(env_spec: EnvSpec) -> EnvBase:
     """The spec's env in TorchRL's ``GymWrapper``; float64 observations (MuJoCo's) as float32 (``DoubleToFloat``), as
     every engine's networks take them (crossrl's core and RLlib cast them likewise)."""
     env = GymWrapper(make_env(env_spec), categorical_action_encoding=True)
+    casts = _float32_transforms(env)
+    return TransformedEnv(env, casts[0]) if casts else env
+
+
+def _float32_transforms(env: EnvBase) -> list[Any]:
+    """``DoubleToFloat`` over ``env``'s float64 observations, if it has any (else nothing)."""
     doubles = [key for key, spec in env.observation_spec.items(True, True) if spec.dtype == torch.float64]
-    return TransformedEnv(env, DoubleToFloat(in_keys=doubles)) if doubles else env
+    return [DoubleToFloat(in_keys=doubles)] if doubles else []
 
 
 def learner_dims(env_spec: EnvSpec) -> dict[str, Any]:
@@ -331,7 +381,9 @@ def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = No
 
         cpus = min(1.0, available_cpus() / trial.workers)  # never ask for more than the cluster has
         remote = {"num_cpus": cpus, "num_gpus": 0}
-        env_fn = functools.partial(make_torchrl_env, trial.env, trial.envs_per_worker, worker_process=True)
+        env_fn = functools.partial(
+            make_torchrl_env, trial.env, trial.envs_per_worker, batched=batched_env(trial.layout), worker_process=True
+        )
         # RayCollector treats total_frames=-1 as "nothing to collect" (it stops at once, measured), so give it
         # enough frames to reach the budget; the adapter still stops at sink.exhausted.
         steps = trial.budget.env_steps or UNBOUNDED_FRAMES  # a time budget: the sink says when to stop
@@ -353,6 +405,7 @@ def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = No
         frames_per_batch=fpb,
         sync=sync,
         random_frames=random_frames,
+        batched=batched_env(trial.layout),
     )
 
 
@@ -365,13 +418,14 @@ def local_collector(
     frames_per_batch: int,
     sync: bool = True,
     random_frames: int | None = None,
+    batched: str = DEFAULT_TORCHRL_ENV,
 ) -> tuple[Any, dict[str, Any]]:
     """A collector on this machine and a JSON-able description of how it was built.
 
     ``Collector`` (one worker, sync: the envs are stepped in this process), else ``MultiSyncCollector``
     (sync, batches stacked) or ``MultiAsyncCollector`` over ``workers`` processes of one torch thread
-    each, every one stepping :func:`make_torchrl_env` of ``envs_per_worker`` envs. ``random_frames``: the
-    collector's ``init_random_frames`` (counted over all workers' batches), when not None.
+    each, every one stepping :func:`make_torchrl_env` of ``envs_per_worker`` envs in the ``batched`` env.
+    ``random_frames``: the collector's ``init_random_frames`` (counted over all workers' batches), when not None.
     """
     from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 
@@ -383,11 +437,11 @@ def local_collector(
     if random_frames is not None:
         common["init_random_frames"] = random_frames
     if workers == 1 and sync:
-        env = make_torchrl_env(env_spec, envs_per_worker)
+        env = make_torchrl_env(env_spec, envs_per_worker, batched=batched)
         collector = Collector(env, policy, **common)
         return collector, {"class": "Collector", "kwargs": common}
     cls = MultiSyncCollector if sync else MultiAsyncCollector
-    env_fn = functools.partial(make_torchrl_env, env_spec, envs_per_worker, worker_process=True)
+    env_fn = functools.partial(make_torchrl_env, env_spec, envs_per_worker, batched=batched, worker_process=True)
     multi: dict[str, Any] = {**common, "num_threads": 1, "num_sub_threads": 1}
     if sync:
         multi["cat_results"] = "stack"
@@ -493,14 +547,15 @@ class TorchrlAdapter:
         collector, collector_desc = build_collector(trial=trial, policy=learner.policy, random_frames=random_frames)
         try:
             collector.set_seed(collector_seed(trial, sink.resumed()))
-            sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], **tags)
+            layout = layout_label(trial, collector_desc["class"])
+            sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], layout=layout, **tags)
             sink.native_config(
                 {
                     "engine": "torchrl",
                     "torchrl_version": torchrl.__version__,
                     "collector": collector_desc,
-                    "env": f"TransformedEnv(SerialEnv({trial.envs_per_worker} x GymWrapper(make_env({trial.env.id}))), "
-                    "Compose(StepCounter(), RewardSum()))",
+                    "env": ENV_DESCRIPTIONS[batched_env(trial.layout)].format(n=trial.envs_per_worker, id=trial.env.id),
+                    "layout": {"env": batched_env(trial.layout)},
                     "reward_clip": "sign(next.reward) after the episode returns are read, before the learner"
                     if trial.env.resolved_reward_clip else None,
                     **learner.native(),

@@ -450,7 +450,7 @@ def run_multi_agent(trial: Trial, sink: MetricSink, tags: dict[str, str]) -> Non
 
     import torchrl
 
-    from crossrl.adapters.torchrl.adapter import collector_seed, mapping_for, train_loop
+    from crossrl.adapters.torchrl.adapter import collector_seed, layout_label, mapping_for, train_loop
 
     dims = ma_env_dims(trial.env)
     learner = MultiAgentLearner(trial=trial, dims=dims)
@@ -458,7 +458,8 @@ def run_multi_agent(trial: Trial, sink: MetricSink, tags: dict[str, str]) -> Non
     groups = {pid: d.agents for pid, d in dims.items()}
     try:
         collector.set_seed(collector_seed(trial, sink.resumed()))
-        sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], **tags)
+        layout = layout_label(trial, collector_desc["class"], env="SerialEnv")
+        sink.tags(engine_version=torchrl.__version__, collector=collector_desc["class"], layout=layout, **tags)
         mapping = mapping_for(trial.algorithm)
         sink.native_config(
             {

@@ -261,6 +261,28 @@ def bench_scaling(
     return SpeedTable(kind="scaling", env_id=env_id, rows=rows, conditions=cond)
 
 
+def e2e_layouts(spec: Any) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """Per engine, the layouts ``bench e2e --sweep`` runs the scenario in: (label, spec overrides), the default first.
+
+    The knobs a trial can name (``execution.layout``, crossrl's ``execution.transport``) within the machine's cap of
+    two sampling processes per core that ``bench sampling --sweep`` keeps: crossrl's two transports, RLlib's SYNC and
+    (for an env with its own vector class) VECTOR_ENTRY_POINT vectorisation, TorchRL's gymnasium SyncVectorEnv and its
+    own SerialEnv. gymnasium's AsyncVectorEnv (a process per env, on either engine) is left out, as there."""
+    from crossrl.core.envs import native_vector
+
+    rllib = [("SYNC", {"execution.layout.rllib.vectorize": "SYNC"})]
+    if native_vector(spec.env):
+        rllib.append(("native vector", {"execution.layout.rllib.vectorize": "VECTOR_ENTRY_POINT"}))
+    return {
+        "crossrl": [("stream", {"execution.transport": "stream"}), ("calls", {"execution.transport": "calls"})],
+        "rllib": rllib,
+        "torchrl": [
+            ("gym_sync", {"execution.layout.torchrl.env": "gym_sync"}),
+            ("SerialEnv", {"execution.layout.torchrl.env": "SerialEnv"}),
+        ],  # fmt: skip
+    }
+
+
 def bench_e2e(
     *,
     engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
@@ -269,23 +291,38 @@ def bench_e2e(
     scenario: str = "cartpole-ppo",
     progress: Progress | None = None,
     limit: bool = True,
+    sweep: bool = False,
 ) -> E2ETable:
     """Run ``scenario`` (PPO CartPole-v1 to 450) through the real runner; wall seconds to target per engine.
 
     ``limit``: then also time, in the same run, the raw env alone and crossrl's learner alone
     (:func:`e2e_parts`), and give each seed's wall seconds against the sum of the two for its env steps.
+    ``sweep``: run the scenario in each engine's layouts (:func:`e2e_layouts`), one row per engine and layout, with
+    the IQM of wall seconds to target over the seeds and its 95 % CI; the default layouts run first, then each
+    engine's k-th other layout in the k-th next run (one run per round, so each round's trials share the machine's
+    state of that moment).
 
     ``store``: a :class:`~crossrl.reports.store.ResultsStore`; None: a throw-away one in a temp folder.
-    Wall seconds are the trials' ``wall_s_to_target`` (from the clock start, set-up excluded); each
-    trial stops at its target (``budget.stop_at_target``).
+    Wall seconds are the trials' ``wall_s_to_target`` (from the clock start, set-up excluded, and reported apart);
+    each trial stops at its target (``budget.stop_at_target``).
     """
     from crossrl.orchestration.runner import run_scenario
     from crossrl.reports.store import ResultsStore
     from crossrl.scenarios.loader import load
 
     # each trial ends at the target: what is measured is the time to reach it, not the rest of the budget
-    overrides = {"engines": list(engines), "seeds": list(seeds), "budget.stop_at_target": True}
+    overrides: dict[str, Any] = {"engines": list(engines), "seeds": list(seeds), "budget.stop_at_target": True}
     spec, path = load(scenario, overrides=overrides)
+    rounds: list[list[tuple[str, str, dict[str, Any]]]] = [[(e, "", {}) for e in spec.engines]]
+    if sweep:
+        layouts = e2e_layouts(spec)
+        depth = max(len(layouts.get(e, [])) for e in spec.engines)
+        rounds = [
+            [(e, layouts[e][k][0], layouts[e][k][1]) for e in spec.engines if k < len(layouts.get(e, []))]
+            for k in range(depth)
+        ]
+    rows: list[E2ERow] = []
+    parent = ""
     with tempfile.TemporaryDirectory(prefix="crossrl-bench-e2e-") as tmp:
         st = store if store is not None else ResultsStore(results_dir=Path(tmp))
 
@@ -294,10 +331,28 @@ def bench_e2e(
                 r = payload["result"]
                 _say(progress, f"{r.trial.name}: {r.status}, wall_s_to_target={r.summary.get(M.WALL_S_TO_TARGET)}")
 
-        outcome = run_scenario(spec, store=st, spec_path=path, skip_unsupported=True, progress=notify,
-                               command=f"crossrl bench e2e {scenario}")  # fmt: skip
+        for k, round_ in enumerate(rounds):
+            extra = {key: value for _, _, o in round_ for key, value in o.items()}
+            spec_k, _ = load(scenario, overrides={**overrides, "engines": [e for e, _, _ in round_], **extra})
+            if sweep:
+                _say(progress, f"layouts round {k + 1} of {len(rounds)}: "
+                     + ", ".join(f"{e} {label}" for e, label, _ in round_))  # fmt: skip
+            outcome = run_scenario(spec_k, store=st, spec_path=path, skip_unsupported=True, progress=notify,
+                                   command=f"crossrl bench e2e {scenario}" + (" --sweep" if sweep else ""))  # fmt: skip
+            parent = parent or outcome.parent_id
+            table_k = e2e_table(spec_k, outcome)
+            for row in table_k.rows:
+                label = next((lab for e, lab, _ in round_ if e == row.engine), "")
+                row.layout, row.default_layout = label, k == 0
+            rows += table_k.rows
     parts = e2e_parts(spec, progress=progress) if limit else None
-    return e2e_table(spec, outcome, parts)
+    if parts:
+        for row in rows:
+            row.limit_s = [e2e_limit_s(n, parts) for n in row.steps]
+    order = {e: i for i, e in enumerate(spec.engines)}
+    rows.sort(key=lambda r: (order[r.engine], not r.default_layout))
+    target = spec.target.episode_return_mean
+    return E2ETable(scenario=spec.name, target=target, rows=rows, parent_run_id=parent, parts=parts or {})
 
 
 def bench_sweep(
@@ -381,6 +436,7 @@ def e2e_table(spec: Any, outcome: Any, parts: dict[str, float] | None = None) ->
                 steps=steps,
                 statuses=[r.status for r in mine],
                 limit_s=[e2e_limit_s(n, parts) for n in steps] if parts else [],
+                setup_s=[_opt(r.summary.get("setup_s")) for r in mine],
             )
         )
     target = spec.target.episode_return_mean

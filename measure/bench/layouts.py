@@ -2,7 +2,8 @@
 
 ``bench sampling`` times every engine in one layout chosen by crossrl (:func:`fixed_layout`: RLlib's ``workers``
 env runners of ``envs_per_worker`` envs, SYNC vectorisation; TorchRL's ``MultiSyncCollector`` of ``workers``
-processes over ``SerialEnv``, or ``Collector`` for one worker). An engine's maintainer will ask for its fastest
+processes over its default batched env, gymnasium's ``SyncVectorEnv`` in ``GymWrapper``, or ``Collector`` for one
+worker). An engine's maintainer will ask for its fastest
 layout on the same machine: :func:`grid` lists, per engine, the layouts its own execution knobs give for the
 same total envs (``workers x envs_per_worker``) and the same env steps per iteration, within the machine's CPUs
 (at most ``2 x cores`` sampling processes, :func:`processes`), and :func:`sweep` times them all, interleaved in
@@ -20,9 +21,9 @@ A layout is a small dict:
 - torchrl: ``{"collector": "MultiSyncCollector", "workers": 2, "env": "SerialEnv", "envs_per_worker": 8,
   "frames_per_batch": 4000}``: ``collector`` is ``Collector`` (one batched env stepped in the driver),
   ``MultiSyncCollector`` or ``MultiAsyncCollector`` (``workers`` processes, one batched env each); ``env`` is the
-  batched env: ``SerialEnv`` (the adapter's), ``ParallelEnv`` (``env_workers`` processes, each a ``SerialEnv``),
+  batched env: ``SerialEnv`` (TorchRL's own), ``ParallelEnv`` (``env_workers`` processes, each a ``SerialEnv``),
   ``gym_sync`` / ``gym_async`` (gymnasium's ``SyncVectorEnv`` / ``AsyncVectorEnv`` of crossrl's ``make_env``,
-  autoreset disabled as TorchRL prefers, in ``GymWrapper``); an iteration is one batch of ``frames_per_batch``.
+  autoreset disabled as TorchRL prefers, in ``GymWrapper``: ``gym_sync`` is the adapter's default); an iteration is one batch of ``frames_per_batch``.
 - crossrl: ``{"workers": 2, "envs_per_worker": 8}``: its fixed layout and at most one more (1 worker, or 2 for a
   1-worker bench); its transports are compared elsewhere (``crossrl bench transport``).
 """
@@ -36,7 +37,7 @@ from typing import Any
 
 from crossrl.measure.bench.results import LayoutSweep, SweepPoint
 from crossrl.measure.bench.samplers import BenchError, SamplerResult, auto_fragment, measure
-from crossrl.scenarios.spec import EnvSpec, ModelSpec
+from crossrl.scenarios.spec import DEFAULT_TORCHRL_ENV, EnvSpec, ModelSpec
 
 SWEEP_ENGINES = ("crossrl", "rllib", "torchrl")
 RLLIB_VECTORIZE = ("SYNC", "VECTOR_ENTRY_POINT", "ASYNC")
@@ -56,7 +57,7 @@ def fixed_layout(engine: str, *, workers: int, envs_per_worker: int, fragment: i
         return {
             "collector": "Collector" if workers == 1 else "MultiSyncCollector",
             "workers": workers,
-            "env": "SerialEnv",
+            "env": DEFAULT_TORCHRL_ENV,
             "envs_per_worker": envs_per_worker,
             "frames_per_batch": fragment * workers * envs_per_worker,
         }
@@ -162,9 +163,9 @@ def candidates(
         # other worker counts with the fixed collector and env only
         main = multi[:1]
         out += [tr("Collector", 1, "gym_sync"), tr("Collector", 1, "SerialEnv")]
-        out += [tr("MultiSyncCollector", w, "gym_sync") for w in main]
+        out += [tr("MultiSyncCollector", w, "SerialEnv") for w in main]
         out += [tr("MultiAsyncCollector", w, env) for w in main for env in ("SerialEnv", "gym_sync")]
-        out += [tr("MultiSyncCollector", w, "SerialEnv") for w in multi]
+        out += [tr("MultiSyncCollector", w, DEFAULT_TORCHRL_ENV) for w in multi]
         for w in (1, *main):  # ParallelEnv: k processes per collector worker, each a SerialEnv of the rest
             coll = "Collector" if w == 1 else "MultiSyncCollector"
             out += [tr(coll, w, "ParallelEnv", k) for k in _divisor_counts(total // w, cap, 2) if k >= 2]

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from crossrl.measure.bench.base import Contestant, ray_up
-from crossrl.scenarios.spec import EnvSpec, ModelSpec
+from crossrl.scenarios.spec import TORCHRL_ENVS, EnvSpec, ModelSpec
 
 # rllib: an EnvRunnerGroup of SingleAgentEnvRunners from the adapter's sampler_config(PPOConfig()), sampled as
 # PPO.training_step does; for a multi-agent env (env.agents set) MultiAgentEnvRunners over the adapter's
@@ -39,7 +39,7 @@ def setup_rllib(
     from ray.rllib.execution.rollout_ops import synchronous_parallel_sample
     from ray.tune.registry import register_env
 
-    from crossrl.adapters.rllib.adapter import env_creator, sampler_config
+    from crossrl.adapters.rllib.adapter import env_creator, sampler_config, vector_env_creator
     from crossrl.core.cluster import disconnect
     from crossrl.measure.bench.layouts import fixed_layout
 
@@ -47,7 +47,7 @@ def setup_rllib(
     runners, mode = int(lay["num_env_runners"]), str(lay.get("vectorize", "SYNC"))
     if env_spec.multi_agent and layout is not None:
         raise ValueError("rllib: execution layouts are for single-agent envs")
-    creator = _vector_env_creator if mode == "VECTOR_ENTRY_POINT" else env_creator
+    creator = vector_env_creator if mode == "VECTOR_ENTRY_POINT" else env_creator
     ray_up(max(runners, 1))
     register_env(BENCH_ENV, creator)
     config = sampler_config(
@@ -109,26 +109,8 @@ def _runner_pids(runner: Any) -> list[int]:
     return [os.getpid(), *(int(p.pid) for p in getattr(vec, "processes", None) or ())]
 
 
-def _vector_env_creator(env_config: Any) -> Any:
-    """RLlib's env creator for ``gym_env_vectorize_mode="vector_entry_point"``: with ``num_envs`` in the config,
-    crossrl's :func:`~crossrl.core.envs.make_vector_env` (the env's own vector class, what crossrl's core steps);
-    else one env (:func:`crossrl.adapters.rllib.adapter.env_creator`)."""
-    from crossrl.adapters.rllib.adapter import env_creator
-    from crossrl.core.envs import make_vector_env
-
-    if "num_envs" not in env_config:
-        return env_creator(env_config)
-    import ray
-
-    if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
-        import torch
-
-        torch.set_num_threads(1)  # env runner actors: one thread each, as env_creator sets for them
-    return make_vector_env(EnvSpec.model_validate(env_config["env_spec"]), int(env_config["num_envs"]))
-
-
-# torchrl: the adapter's collector (Collector / MultiSyncCollector over SerialEnv(GymWrapper(make_env))) and actor;
-# with a layout, the collector and batched env it names (same make_env, same actor)
+# torchrl: the adapter's collector (Collector / MultiSyncCollector over its default batched env) and actor; with a
+# layout, the collector and batched env it names (same make_env, same actor)
 
 
 def setup_torchrl(
@@ -177,12 +159,13 @@ def setup_torchrl(
         actor = build_actor(net=net, n_actions=n_actions)
         lay = layout or fixed_layout("torchrl", workers=workers, envs_per_worker=envs_per_worker, fragment=fragment)
         w, n, frames = int(lay["workers"]), int(lay["envs_per_worker"]), int(lay["frames_per_batch"])
-        if lay["env"] == "SerialEnv" and (lay["collector"] == "Collector") == (w == 1):
-            # the adapter's own collector (what a trial steps): Collector, or Multi(Sync|Async)Collector over SerialEnv
+        if lay["env"] in TORCHRL_ENVS and (lay["collector"] == "Collector") == (w == 1):
+            # the adapter's own collector (what a trial steps): Collector, or Multi(Sync|Async)Collector
             sync = lay["collector"] != "MultiAsyncCollector"
             collector, desc = local_collector(
-                env_spec, workers=w, envs_per_worker=n, policy=actor, frames_per_batch=frames, sync=sync
-            )
+                env_spec, workers=w, envs_per_worker=n, policy=actor, frames_per_batch=frames, sync=sync,
+                batched=lay["env"],
+            )  # fmt: skip
         else:
             collector, desc = _layout_collector(env_spec, lay, actor)
         if layout is not None:
@@ -208,11 +191,13 @@ def setup_torchrl(
 
 
 _ENV_TEXT = {
-    "SerialEnv": "SerialEnv(GymWrapper(make_env)) x envs, as the adapter builds it",
-    "ParallelEnv": "ParallelEnv(env_workers x SerialEnv(GymWrapper(make_env))): one process per env worker",
-    "gym_sync": "GymWrapper(gymnasium SyncVectorEnv(make_env x envs, autoreset disabled)): not the adapter's env",
-    "gym_async": "GymWrapper(gymnasium AsyncVectorEnv(make_env x envs, autoreset disabled)): one process per env, "
-    "not the adapter's env",
+    "SerialEnv": "SerialEnv(GymWrapper(make_env)) x envs (execution.layout.torchrl.env: SerialEnv)",
+    "ParallelEnv": "ParallelEnv(env_workers x SerialEnv(GymWrapper(make_env))): one process per env worker (no trial "
+    "layout)",
+    "gym_sync": "GymWrapper(gymnasium SyncVectorEnv(make_env x envs, autoreset disabled)) (execution.layout.torchrl.env: "
+    "gym_sync, the adapter's default)",
+    "gym_async": "GymWrapper(gymnasium AsyncVectorEnv(make_env x envs, autoreset disabled)): one process per env "
+    "(execution.layout.torchrl.env: gym_async)",
 }
 
 
@@ -243,25 +228,18 @@ def torchrl_layout_env(
     StepCounter and RewardSum transforms. Module-level so spawned collector workers can unpickle it."""
     import functools
 
-    import gymnasium as gym
     import torch
-    from torchrl.envs import Compose, GymWrapper, ParallelEnv, RewardSum, StepCounter, TransformedEnv
+    from torchrl.envs import ParallelEnv
 
     from crossrl.adapters.torchrl.adapter import make_torchrl_env
-    from crossrl.core.envs import make_env
 
     if worker_process:
         torch.set_num_threads(1)
-    if env == "SerialEnv":
-        return make_torchrl_env(env_spec, envs, worker_process=worker_process)
     if env == "ParallelEnv":
-        sub = functools.partial(make_torchrl_env, env_spec, envs // env_workers, worker_process=True)
+        sub = functools.partial(make_torchrl_env, env_spec, envs // env_workers, batched="SerialEnv",
+                                worker_process=True)  # fmt: skip
         return ParallelEnv(env_workers, sub, num_threads=1, num_sub_threads=1)
-    fns = [functools.partial(make_env, env_spec)] * envs
-    mode = gym.vector.AutoresetMode.DISABLED
-    vec = (gym.vector.SyncVectorEnv(fns, autoreset_mode=mode) if env == "gym_sync"
-           else gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode))  # fmt: skip
-    return TransformedEnv(GymWrapper(vec, categorical_action_encoding=True), Compose(StepCounter(), RewardSum()))
+    return make_torchrl_env(env_spec, envs, batched=env, worker_process=worker_process)
 
 
 def _layout_collector(env_spec: EnvSpec, lay: dict[str, Any], policy: Any) -> tuple[Any, dict[str, Any]]:

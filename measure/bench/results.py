@@ -5,6 +5,8 @@ rich printers, and JSON writers (``to_json(path)`` on every result, the same fig
 from __future__ import annotations
 
 import json
+import math
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -344,6 +346,30 @@ class E2ERow:
     statuses: list[str]
     # per seed: seconds the raw env alone plus the learner alone need for its env steps to the target
     limit_s: list[float | None] = field(default_factory=list)
+    layout: str = ""  # `bench e2e --sweep`: the engine's layout (its `layout` tag); "" for the default one
+    default_layout: bool = True  # the layout a spec without execution.layout runs
+    setup_s: list[float | None] = field(default_factory=list)  # per seed: set-up seconds, left out of wall_s
+
+    @property
+    def iqm_wall_s(self) -> float | None:
+        """IQM over the seeds that reached the target (None if none did)."""
+        from crossrl.reports.stats import iqm
+
+        got = [w for w in self.wall_s if w is not None]
+        return float(iqm(got)) if got else None
+
+    @property
+    def wall_s_ci(self) -> tuple[float, float] | None:
+        """95 % bootstrap CI of :attr:`iqm_wall_s` (None with fewer than two seeds reaching)."""
+        import numpy as np
+
+        from crossrl.reports.stats import iqm, stratified_bootstrap_ci
+
+        got = [w for w in self.wall_s if w is not None]
+        if len(got) < 2:
+            return None
+        lo, hi = stratified_bootstrap_ci([got], statistic=lambda a: iqm(a, axis=-1), rng=np.random.default_rng(0))
+        return float(lo), float(hi)
 
     @property
     def to_limit(self) -> float | None:
@@ -371,9 +397,15 @@ class E2ETable:
     parts: dict[str, float] = field(default_factory=dict)  # the limit's parts (commands.e2e_parts), same run
 
     def ratio(self, engine: str = "crossrl", reference: str = "rllib") -> float | None:
-        """Median wall seconds to target of ``engine`` / ``reference`` (target: <= 0.5 for crossrl/rllib)."""
-        med = {r.engine: r.median_wall_s for r in self.rows}
+        """Median wall seconds to target of ``engine`` / ``reference`` in their default layouts (target: <= 0.5
+        for crossrl/rllib)."""
+        med = {r.engine: r.median_wall_s for r in self.rows if r.default_layout}
         return _ratio(med.get(engine), med.get(reference))
+
+    def fastest(self, engine: str) -> E2ERow | None:
+        """``engine``'s row with the lowest IQM wall seconds to target among those where every seed reached it."""
+        done = [r for r in self.rows if r.engine == engine and r.wall_s and r.reached == len(r.wall_s)]
+        return min(done, key=lambda r: r.iqm_wall_s or math.inf, default=None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -383,18 +415,29 @@ class E2ETable:
             "ratio_crossrl_to_rllib": self.ratio(),
             "parts": self.parts,
             "rows": [
-                {**asdict(r), "reached": r.reached, "median_wall_s": r.median_wall_s, "to_limit": r.to_limit}
+                {
+                    **asdict(r),
+                    "reached": r.reached,
+                    "median_wall_s": r.median_wall_s,
+                    "to_limit": r.to_limit,
+                    "iqm_wall_s": r.iqm_wall_s,
+                    "wall_s_ci": r.wall_s_ci,
+                }
                 for r in self.rows
-            ],
+            ],  # fmt: skip
         }
 
     def to_json(self, path: Path) -> Path:
         return write_result(path, "e2e", self.to_dict())
 
     def metrics(self) -> dict[str, float]:
-        out = {f"{r.engine}.seeds_reaching": float(r.reached) for r in self.rows}
-        out.update({f"{r.engine}.median_wall_s": r.median_wall_s for r in self.rows if r.median_wall_s is not None})
-        out.update({f"{r.engine}.to_limit": r.to_limit for r in self.rows if r.to_limit is not None})
+        def key(r: E2ERow) -> str:  # a sweep's other layouts: engine@layout
+            return r.engine if r.default_layout else f"{r.engine}@{_metric_safe(r.layout)}"
+
+        out = {f"{key(r)}.seeds_reaching": float(r.reached) for r in self.rows}
+        out.update({f"{key(r)}.median_wall_s": r.median_wall_s for r in self.rows if r.median_wall_s is not None})
+        out.update({f"{key(r)}.iqm_wall_s": r.iqm_wall_s for r in self.rows if r.iqm_wall_s is not None})
+        out.update({f"{key(r)}.to_limit": r.to_limit for r in self.rows if r.to_limit is not None})
         out.update({f"limit.{k}": v for k, v in self.parts.items()})
         ratio = self.ratio()
         if ratio is not None:
@@ -402,19 +445,36 @@ class E2ETable:
         return out
 
 
+def _metric_safe(text: str) -> str:
+    """``text`` as an MLflow metric name part (letters, digits, ``_ - . /`` and spaces)."""
+    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", text)
+
+
 def print_e2e_table(table: E2ETable, *, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"bench e2e: {table.scenario}, wall seconds to return {table.target:g}")
-    cols = ["engine", "seeds reaching", "median wall s", "per seed wall s", "per seed env steps"]
+    sweep = any(r.layout for r in table.rows)
+    t = Table(title=f"bench e2e: {table.scenario}, wall seconds to return {table.target:g} (set-up excluded)")
+    cols = ["engine"] + (["layout", "IQM wall s [95% CI]", "median set-up s"] if sweep else [])
+    cols += ["seeds reaching", "median wall s", "per seed wall s", "per seed env steps"]
     if table.parts:
         cols += ["per seed limit s", "x limit"]
     for col in cols:
-        t.add_column(col, justify="left" if col == "engine" else "right")
+        t.add_column(col, justify="left" if col in ("engine", "layout") else "right")
     for r in table.rows:
-        cells = [
-            r.engine,
+        cells = [r.engine]
+        if sweep:
+            fastest = table.fastest(r.engine)
+            marks = [m for m, on in (("default", r.default_layout), ("fastest", fastest is r)) if on]
+            ci = r.wall_s_ci
+            setups = [x for x in r.setup_s if x is not None]
+            cells += [
+                r.layout + (f" ({', '.join(marks)})" if marks else ""),
+                _fmt(r.iqm_wall_s, ".1f") + (f" [{ci[0]:.1f}, {ci[1]:.1f}]" if ci else ""),
+                _fmt(statistics.median(setups) if setups else None, ".1f"),
+            ]
+        cells += [
             f"{r.reached}/{len(r.wall_s)}",
             _fmt(r.median_wall_s, ".1f"),
             ", ".join(_fmt(w, ".1f") for w in r.wall_s),

@@ -16,15 +16,17 @@ from crossrl.adapters.registry import BUILTIN
 from crossrl.adapters.torchrl.adapter import (
     HYPERPARAM_MAP,
     TorchrlAdapter,
+    batched_env,
     completed_episodes,
     frames_per_batch,
+    make_torchrl_env,
     mapping_for,
     mapping_markdown,
     unmapped,
 )
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
-from crossrl.scenarios.spec import ScenarioSpec, Trial
+from crossrl.scenarios.spec import TORCHRL_ENVS, EnvSpec, LayoutSpec, ScenarioSpec, Trial
 
 TORCHRL_ALGOS = sorted(BUILTIN["torchrl"].supported)
 
@@ -196,3 +198,56 @@ def test_impala_two_workers_vtrace() -> None:
 @pytest.mark.integration
 def test_dqn_two_workers_sync() -> None:
     run_and_check(make_trial("dqn", workers=2, env_steps=1500, learning_starts=300), collector="MultiSyncCollector")
+
+
+@pytest.mark.parametrize("batched", TORCHRL_ENVS)
+def test_each_batched_env_resets_the_envs_that_ended_and_counts_their_episodes(batched: str) -> None:
+    """Every batched env a layout may name steps 3 CartPoles that end at different steps: each env's step counter
+    and return start again after its own episode ends (TorchRL's partial reset, through gymnasium's reset_mask for
+    the vector envs), and a return equals its length (CartPole pays 1 per step)."""
+    env = make_torchrl_env(EnvSpec(id="CartPole-v1"), 3, batched=batched)
+    try:
+        env.set_seed(0)
+        data = env.rollout(200, break_when_any_done=False)
+    finally:
+        env.close()
+    steps = data["next", "step_count"].squeeze(-1)
+    done = data["next", "done"].squeeze(-1)
+    assert steps.shape == (3, 200) and data["observation"].dtype == torch.float32
+    assert bool(done.any(dim=1).all()), "random actions end every CartPole episode within 200 steps"
+    assert not bool((done[0] == done[1]).all() and (done[1] == done[2]).all()), "the envs end apart"
+    expected = torch.where(done[:, :-1], torch.ones_like(steps[:, 1:]), steps[:, :-1] + 1)
+    assert torch.equal(steps[:, 1:], expected) and torch.equal(steps[:, 0], torch.ones(3, dtype=steps.dtype))
+    assert torch.equal(data["next", "episode_reward"].squeeze(-1), steps.to(torch.float32))
+
+
+def test_the_vector_envs_give_float32_observations_of_a_float64_env() -> None:
+    """MuJoCo's observations are float64; every batched env hands the networks float32, as the engines' do."""
+    env = make_torchrl_env(EnvSpec(id="InvertedPendulum-v5", actions="unit"), 2, batched="gym_sync")
+    try:
+        data = env.rollout(5, break_when_any_done=False)
+    finally:
+        env.close()
+    assert data["observation"].dtype == torch.float32 and data["observation"].shape == (2, 5, 4)
+
+
+def test_a_trial_names_its_batched_env_in_its_native_config() -> None:
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": "torchrl-test",
+            "env": {"id": "CartPole-v1"},
+            "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 256, "minibatch": 128, "epochs": 1}},
+            "engines": ["torchrl"],
+            "execution": {"envs_per_worker": 2, "layout": {"torchrl": {"env": "SerialEnv"}}},
+            "budget": {"env_steps": 512},
+        }
+    )
+    (trial,) = spec.trials()
+    assert trial.layout == {"env": "SerialEnv"}
+    sink = run_and_check(trial, collector="Collector")
+    native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert native["layout"] == {"env": "SerialEnv"} and native["env"].startswith("TransformedEnv(SerialEnv(2 x")
+    (default,) = spec.model_copy(
+        update={"execution": spec.execution.model_copy(update={"layout": LayoutSpec()})}
+    ).trials()
+    assert default.layout == {"env": None} and batched_env(default.layout) == "gym_sync"

@@ -68,7 +68,11 @@ def test_the_grid_at_2_x_8_on_2_cores() -> None:
     assert not any("ASYNC" in x for x in rl) and "4 runners x 4 SYNC, fragment 250" in rl
     assert not any("native" in label("rllib", x) for x in grid("rllib", workers=2, envs_per_worker=8, cores=2))
     tr = [label("torchrl", x) for x in grid("torchrl", workers=2, envs_per_worker=8, cores=2)]
-    assert tr[:2] == ["MultiSync 2 x SerialEnv(8), 4000 frames", "Collector gym Sync(16), 4000 frames"]
+    assert tr[:3] == [
+        "MultiSync 2 x gym Sync(8), 4000 frames",
+        "Collector gym Sync(16), 4000 frames",
+        "Collector SerialEnv(16), 4000 frames",
+    ]  # the fixed one: the adapter's default, gym_sync
     assert "Collector ParallelEnv(2 x SerialEnv(8)), 4000 frames" in tr and not any("Async(" in x for x in tr)
     every = candidates("torchrl", workers=2, envs_per_worker=8, fragment=250, cap=4)
     assert processes("torchrl", next(x for x in every if x["env"] == "gym_async" and x["workers"] == 1)) == 17
@@ -103,12 +107,12 @@ def test_sweep_interleaves_rounds_stops_slow_points_and_picks_each_engines_best(
     res = sweep(EnvSpec(id="CartPole-v1"), workers=2, envs_per_worker=8, repeat=3, seconds=1.0, fragment=250,
                 model=ModelSpec(), cores=2, points=3, measure_fn=_fake(speeds, calls))  # fmt: skip
     assert calls[:3] == ["crossrl: 2 x 8", "rllib: 2 runners x 8 SYNC, fragment 250",
-                         "torchrl: MultiSync 2 x SerialEnv(8), 4000 frames"]  # fmt: skip
+                         "torchrl: MultiSync 2 x gym Sync(8), 4000 frames"]  # fmt: skip
     assert len(res.of("rllib")) == len(res.of("torchrl")) == 3 and len(res.of("crossrl")) == 2  # crossrl has 2
     native = next(p for p in res.of("rllib") if "native" in p.label)
     assert native.stopped_early and len(native.samples) == 1
     assert len(res.fixed("rllib").samples) == 3 and not res.fixed("rllib").stopped_early
-    failed = next(p for p in res.of("torchrl") if "gym Sync" in p.label)
+    failed = next(p for p in res.of("torchrl") if p.label.startswith("Collector gym Sync"))
     assert failed.error and not failed.samples and failed.stopped_after == 0
     assert res.best("rllib").label == "local runner x 16 SYNC, fragment 250"
     assert res.best("rllib").median == max(p.median for p in res.of("rllib"))

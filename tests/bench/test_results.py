@@ -274,3 +274,34 @@ def test_every_metric_name_is_one_mlflow_accepts() -> None:
     assert "crossrl/sync_samples:calls.w16.efficiency" in metrics and "crossrl/sync_samples.w16.efficiency" in metrics
     for name in metrics:
         _validate_metric_name(name)
+
+
+def test_an_e2e_sweep_table_gives_each_layout_its_iqm_and_marks_the_default_and_the_fastest() -> None:
+    from rich.console import Console
+
+    from crossrl.measure.bench.commands import e2e_layouts
+    from crossrl.scenarios.loader import load
+
+    spec, _ = load("cartpole-ppo")
+    layouts = e2e_layouts(spec)
+    assert [label for label, _ in layouts["torchrl"]] == ["gym_sync", "SerialEnv"]  # the default first
+    assert [label for label, _ in layouts["rllib"]] == ["SYNC", "native vector"]  # CartPole has its own vector env
+    assert layouts["torchrl"][1][1] == {"execution.layout.torchrl.env": "SerialEnv"}
+    minatar, _ = load("minatar-breakout-ppo")
+    assert [label for label, _ in e2e_layouts(minatar)["rllib"]] == ["SYNC"]
+
+    fast = E2ERow("torchrl", [10.0, 12.0, 11.0, 30.0], [4e4] * 4, ["FINISHED"] * 4, layout="gym_sync",
+                  setup_s=[20.0, 22.0, 21.0, 20.0])  # fmt: skip
+    slow = E2ERow("torchrl", [25.0, 27.0, None, 26.0], [4e4, 4e4, None, 4e4], ["FINISHED"] * 4, layout="SerialEnv",
+                  default_layout=False)  # fmt: skip
+    table = E2ETable("cartpole-ppo", 450.0, [fast, slow])
+    assert fast.iqm_wall_s == pytest.approx(11.5)  # the middle two of 10, 11, 12, 30
+    lo, hi = fast.wall_s_ci or (0.0, 0.0)
+    assert 10.0 <= lo <= 11.5 <= hi <= 30.0
+    assert table.fastest("torchrl") is fast  # the SerialEnv row missed on one seed: not a candidate
+    assert table.metrics()["torchrl@SerialEnv.iqm_wall_s"] == pytest.approx(26.0)
+    con = Console(record=True, width=250)
+    print_e2e_table(table, console=con)
+    text = con.export_text()
+    assert "gym_sync (default, fastest)" in text and "11.5 [" in text and "20.5" in text  # median set-up
+    assert "SerialEnv" in text and "3/4" in text

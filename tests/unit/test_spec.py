@@ -274,3 +274,25 @@ def test_a_budget_in_training_seconds() -> None:
     assert line.startswith("x.yaml: budget: wall_seconds (50) must exceed train_seconds (100)")
     [line] = problems(with_("budget", {"train_seconds": -1}))
     assert "budget.train_seconds" in line
+
+
+def test_each_engines_layout_rides_on_its_trials_and_leaves_the_fingerprint_alone() -> None:
+    a = validate(GOOD, label="a")
+    laid = validate(with_("execution.layout", {"torchrl": {"env": "SerialEnv"}, "rllib": {"vectorize": "ASYNC"}}),
+                    label="b")  # fmt: skip
+    assert laid.fingerprint() == a.fingerprint()  # the same envs and steps in another layout stay comparable
+    by_engine = {t.engine: t.layout for t in validate({**GOOD, "engines": ["crossrl", "rllib", "torchrl"]}, label="c")
+                 .model_copy(update={"execution": laid.execution}).trials()}  # fmt: skip
+    assert by_engine == {"crossrl": {}, "rllib": {"vectorize": "ASYNC"}, "torchrl": {"env": "SerialEnv"}}
+
+
+def test_a_bad_layout_names_the_field_and_the_choices() -> None:
+    [line] = problems(with_("execution.layout", {"torchrl": {"env": "ParallelEnv"}}), "l.yaml")
+    assert line.startswith("l.yaml: execution.layout.torchrl.env: 'ParallelEnv' is not one of gym_sync, SerialEnv, ")
+    [line] = problems(with_("execution.layout", {"jax": {}}), "l.yaml")
+    assert "execution.layout.jax" in line
+    raw = with_("execution.layout", {"torchrl": {"env": "gym_sync"}})
+    raw["env"] = {"id": "mpe2:simple_spread_v3", "agents": "shared"}
+    lines = [p for p in problems(raw, "ma.yaml") if "layout" in p]
+    assert lines == ["ma.yaml: execution.layout.torchrl.env: 'gym_sync' is for single-agent envs; TorchRL steps a "
+                     "multi-agent env (env.agents) in SerialEnv: leave it out"]  # fmt: skip
