@@ -22,6 +22,8 @@ def make_report(store: ResultsStore, *, parent_id: str, out_dir: Path) -> Any:
 
     loaded = store.load(parent_id=parent_id)
     meta = {**loaded.meta, "spec": store.spec(parent_id)}
+    env_id = ((meta["spec"] or {}).get("env") or {}).get("id")
+    meta["layout_sweeps"] = store.layout_sweeps(env_id) if env_id else []  # marks rows run in a slower layout
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = build_report(
         trials=loaded.trials, points=loaded.points, meta=meta, out_dir=out_dir, read_artifact=store.artifact_bytes

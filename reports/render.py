@@ -26,6 +26,7 @@ import yaml
 from crossrl.reports import stats as S
 from crossrl.reports import verdict as V
 from crossrl.reports.figures import Figure, make_figures
+from crossrl.reports.layouts import LayoutMark, layout_marks
 
 SCHEMA_VERSION = 1
 DASH = "—"
@@ -75,7 +76,7 @@ def _ci(lo: Any, hi: Any, fmt: str, n: int) -> str:
     return f"{DASH} ({n} seed{'s' if n != 1 else ''})"
 
 
-def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None) -> list[Table]:
+def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None, marks: Sequence[LayoutMark] = ()) -> list[Table]:
     tables = [
         Table(
             "final-return",
@@ -181,7 +182,11 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None) -> list[Table
             "there is no scaling to show (give execution.workers several counts)."
             + note.partition("smallest worker count; efficiency = speedup / (workers / that count).")[2]
         )
-    tables.append(Table("throughput", title, headers, rows, note))
+    text = frozenset({0})
+    if trials is not None and "layout" in trials and (trials["layout"].fillna("").astype(str) != "").any():
+        headers, rows, note = _with_layouts(headers, rows, note, trials, marks)
+        text = frozenset({0, 2})
+    tables.append(Table("throughput", title, headers, rows, note, text))
     tables.append(
         Table(
             "improvement",
@@ -241,6 +246,39 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None) -> list[Table
         )
     )
     return tables
+
+
+def _with_layouts(
+    headers: list[str], rows: list[list[str]], note: str, trials: pd.DataFrame, marks: Sequence[LayoutMark]
+) -> tuple[list[str], list[list[str]], str]:
+    """The throughput table with each engine's layout (its trials' ``layout`` tag) after its worker count, marked ‡
+    where the newest stored ``bench sampling --sweep`` of the env timed the engine faster in another layout."""
+    named = trials.assign(layout=trials["layout"].fillna("").astype(str))
+    layouts = {(str(e), int(w)): str(g["layout"].mode().iloc[0]) for (e, w), g in named.groupby(["engine", "workers"])}
+    by_key = {(m.engine, m.workers): m for m in marks}
+    out = []
+    for row in rows:
+        key = (row[0], int(row[1]))
+        mark = by_key.get(key)
+        cell = layouts.get(key, "") or DASH
+        if mark is not None and mark.slower:
+            cell += f" ‡ {mark.share:.0%} of {mark.best}"
+        out.append([*row[:2], cell, *row[2:]])
+    slower = [m for m in marks if m.slower]
+    if slower:
+        when = {m.sweep_run: pd.Timestamp(m.sweep_start_ms, unit="ms").strftime("%Y-%m-%d") for m in slower}
+        note += (
+            " ‡ Ran in a layout slower than its engine's fastest measured for the same envs on this store's newest "
+            "`crossrl bench sampling --sweep` ("
+            + "; ".join(
+                f"{m.engine} {m.layout}: {m.steps_per_s:,.0f} env steps/s against {m.best} {m.best_steps_per_s:,.0f}, "
+                f"sweep of {when[m.sweep_run]}"
+                for m in slower
+            )
+            + "): its speed here is crossrl's choice of layout, not the engine at its best; set execution.layout "
+            "(docs/layouts.md)."
+        )
+    return [*headers[:2], "layout", *headers[2:]], out, note
 
 
 @dataclass(frozen=True)
@@ -587,7 +625,9 @@ def build_report(
     doc["verdict"] = V.verdict(st)
     if doc.get("spec"):  # the spec as stored stays in doc["spec"] (crossrl regress compares it)
         doc["resolved_spec"] = resolved_spec(doc["spec"])
-    tables = _tables(st, trials)
+    marks = layout_marks(trials, meta.get("layout_sweeps") or [])
+    doc["layouts"] = _jsonable([m.to_dict() for m in marks])
+    tables = _tables(st, trials, marks)
     figures = make_figures(st)
     if V.single_worker_count(st):  # a one-point scaling chart says nothing
         figures = [f for f in figures if f.key != "scaling"]

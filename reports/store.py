@@ -527,6 +527,23 @@ class ResultsStore:
             )
         )
 
+    def layout_sweeps(self, env_id: str, *, newest: int = 20) -> list[dict[str, Any]]:
+        """The ``crossrl bench sampling --sweep`` results stored for ``env_id`` (their ``bench.json`` with the run's
+        ``start_time`` in ms), newest first, among the ``newest`` sweep runs of any env."""
+        exp = self.experiment_id("bench-sampling-sweep", create=False)
+        if exp is None:
+            return []
+        runs = self.client.search_runs([exp], order_by=["attributes.start_time DESC"], max_results=newest)
+        out = []
+        for run in runs:
+            try:
+                data = json.loads(self.artifact_bytes(run.info.run_id, "bench.json"))
+            except Exception:  # noqa: BLE001 - a sweep without its JSON is skipped, not fatal to a report
+                continue
+            if data.get("env_id") == env_id:
+                out.append({**data, "start_time": run.info.start_time, "run_id": run.info.run_id})
+        return out
+
     def spec(self, parent_id: str, *, canonical: bool = False) -> dict[str, Any]:
         """The spec a `crossrl run` stored (as validated; or its canonical form, the fingerprint's input)."""
         path = self.client.download_artifacts(parent_id, CANONICAL_SPEC_ARTIFACT if canonical else SPEC_ARTIFACT)

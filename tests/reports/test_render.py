@@ -223,3 +223,51 @@ def test_throughput_measured_beside_other_trials_is_marked(tmp_path: Path, make_
     assert "--parallel 1" in md
     rows = _rows(load_report_json(paths.json), "throughput")
     assert rows["rllib", 2]["shared"] == 1 and rows["crossrl", 2]["shared"] == 0
+
+
+def _sweep(total: int, points: list[tuple[str, str, float]], start_ms: int = 1_764_288_000_000) -> dict[str, Any]:
+    """A stored `bench sampling --sweep` result (bench.json's fields the report reads)."""
+    return {
+        "env_id": "CartPole-v1",
+        "conditions": {"total_envs": total},
+        "points": [{"engine": e, "label": label, "steps_per_s": {"median": v}} for e, label, v in points],
+        "run_id": "sweep1",
+        "start_time": start_ms,
+    }
+
+
+def test_an_engine_held_to_a_slower_layout_is_marked_in_the_throughput_table(tmp_path: Path, make_frames: Any) -> None:
+    """Trials name their layout (tag `layout`); the newest stored sweep of the same env and total envs timed torchrl
+    faster in another one: torchrl's rows are marked with the share and the faster layout, rllib's (at its best) and
+    crossrl's (not in the sweep) are not."""
+    trials, points, meta = make_frames(n_points=10, failures=False)
+    envs = int(trials["envs_per_worker"].iloc[0])
+    trials["layout"] = [
+        {"torchrl": f"MultiSync {w} x SerialEnv({envs})", "rllib": f"{w} runners x {envs} SYNC"}.get(e, f"{w} x {envs}")
+        for e, w in zip(trials["engine"], trials["workers"], strict=True)
+    ]
+    sweeps = [
+        _sweep(
+            2 * envs,
+            [
+                ("torchrl", f"MultiSync 2 x SerialEnv({envs}), 4000 frames", 4_649.0),
+                ("torchrl", f"MultiSync 2 x gym Sync({envs}), 4000 frames", 12_422.0),
+                ("rllib", f"2 runners x {envs} SYNC, fragment 250", 10_178.0),
+                ("rllib", f"local runner x {2 * envs} SYNC, fragment 250", 10_500.0),
+            ],
+        ),  # fmt: skip
+        _sweep(2 * envs, [("torchrl", f"MultiSync 2 x SerialEnv({envs}), 4000 frames", 9_000.0)], start_ms=0),
+    ]
+    paths = build_report(trials=trials, points=points, meta={**meta, "layout_sweeps": sweeps}, out_dir=tmp_path)
+    md = paths.markdown.read_text()
+    marked = [line for line in md.splitlines() if line.startswith("|") and "‡" in line]
+    assert len(marked) == 1 and marked[0].startswith(f"| torchrl | 2 | MultiSync 2 x SerialEnv({envs}) ‡ 37% of "
+                                                     f"MultiSync 2 x gym Sync({envs}), 4000 frames |"), marked  # fmt: skip
+    assert f"| rllib | 2 | 2 runners x {envs} SYNC |" in md  # 97 % of its best: within the sweep's spread
+    assert "4,649 env steps/s against" in md and "sweep of 2025-11-28" in md
+    marks = {(m["engine"], m["workers"]): m for m in load_report_json(paths.json)["layouts"]}
+    assert marks["torchrl", 2]["slower"] and marks["torchrl", 2]["share"] == pytest.approx(4_649 / 12_422)
+    assert not marks["rllib", 2]["slower"] and ("crossrl", 2) not in marks  # crossrl: not timed by the sweep
+    assert ("torchrl", 1) not in marks  # no sweep of its total envs
+    plain = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path / "plain").markdown.read_text()
+    assert "‡" not in plain and f"MultiSync 2 x SerialEnv({envs})" in plain  # no sweep stored: named, not marked
