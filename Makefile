@@ -46,8 +46,9 @@ test: install chromium lint
 	$(BIN)/pytest -m "not learning and not cluster and not alone and not system" -n 2 --dist worksteal --timeout 900 --durations=25 $(PYTEST_FLAGS)
 	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
 
-# Whole built-in scenarios on every engine, a few minutes each (pixels, many agents, the table, a broken
-# env on every engine, searches end to end) and the long fault checks (kill and resume on every engine,
+# Whole built-in scenarios on every engine, a few minutes each (pixels, many agents, MuJoCo SAC, reward
+# clipping, the table, a broken env on every engine, ASHA and PBT searches end to end, the A/B gate's and
+# `crossrl fidelity`'s paired runs) and the long fault checks (kill and resume on every engine,
 # tracking-server outages, time budgets): run by CI after `make test`, two at a time.
 test-system: install
 	$(BIN)/pytest -m "system and not cluster" -n 2 --dist worksteal --timeout 900 --durations=10 $(PYTEST_FLAGS)

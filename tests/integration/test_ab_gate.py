@@ -28,6 +28,7 @@ def ab(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.system
 @pytest.mark.long
 def test_a_planted_slowdown_is_a_regression(tmp_path: Path) -> None:
     done = ab("--plant-slowdown", "0.5", "--junit", "ab.xml", "--json", "ab.json", cwd=tmp_path)
@@ -46,6 +47,7 @@ def test_a_planted_slowdown_is_a_regression(tmp_path: Path) -> None:
     assert "experiment bench-ab" in done.stdout  # logged to the store
 
 
+@pytest.mark.system
 @pytest.mark.long
 def test_the_same_code_is_no_regression(tmp_path: Path) -> None:
     # two pairs from one pair of measurement processes (the second draw reuses them) carry the processes' own
@@ -118,6 +120,7 @@ def test_a_bad_revision_exits_2_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "'no-such-rev' is not a commit" in lines[0], lines
 
 
+@pytest.mark.system
 def test_a_cancelled_gate_leaves_nothing_behind(tmp_path: Path) -> None:
     """SIGTERM (a cancelled CI job) mid-run: exit 143, both measurement processes (each in its own
     session, with its own Ray cluster) end, and the base's temporary checkout is removed."""

@@ -39,6 +39,7 @@ def _spec(tmp_path: Path, algorithm: str = "ppo") -> Path:
 
 
 @pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.parametrize("engine", ["rllib", "torchrl"])
 def test_fidelity_runs_the_adapter_then_the_engines_own_loop_on_the_same_seed(
     engine: str, results_dir: Path, tmp_path: Path

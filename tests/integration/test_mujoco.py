@@ -33,6 +33,7 @@ def crossrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CROSSRL, *args], cwd=cwd, env=dict(os.environ), capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.system
 @pytest.mark.long
 def test_sac_on_halfcheetah_runs_and_evaluates_on_every_engine(tmp_path: Path) -> None:
     spec = tmp_path / "mujoco-smoke.yaml"

@@ -20,7 +20,7 @@ from ray import tune
 from crossrl.core import cluster
 from crossrl.orchestration.tuning import pbt_clock
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]  # a PBT search end to end
 
 INTERVAL = 100_000
 # the env steps of each member's decision checkpoints: member a writes its second one at 200,500, less than an

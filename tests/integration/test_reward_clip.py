@@ -19,7 +19,7 @@ from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import validate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.system]  # a scenario on every engine
 
 SUPPORT = Path(__file__).parents[1] / "support"
 

@@ -81,6 +81,7 @@ def _searches(store: ResultsStore, scenario: str) -> dict[str, Any]:
 # cluster); a random search end to end is `make test-system`'s (stopped by SIGTERM and resumed, below). Measured on an
 # idle machine: docs/tuning.md.
 @pytest.mark.integration
+@pytest.mark.system
 @pytest.mark.long(7)
 def test_asha_searches_then_the_best_configuration_and_the_own_setting_run_on_the_test_seeds(
     results_dir: Path, tmp_path: Path
