@@ -25,6 +25,7 @@ def make_trial(
     env_steps: int = 2000,
     envs_per_worker: int = 1,
     hyperparams: dict[str, Any] | None = None,
+    layout: dict[str, Any] | None = None,
 ) -> Trial:
     spec = ScenarioSpec.model_validate(
         {
@@ -36,7 +37,7 @@ def make_trial(
                 "model": {"hidden": [32, 16], "activation": "relu"},
             },
             "engines": ["rllib"],
-            "execution": {"workers": [workers], "envs_per_worker": envs_per_worker},
+            "execution": {"workers": [workers], "envs_per_worker": envs_per_worker, "layout": layout or {}},
             "budget": {"env_steps": env_steps},
             "seeds": [3],
         }
@@ -310,16 +311,26 @@ def _check_run(sink: ListSink, trial: Trial, *, max_return: float) -> list[dict[
 
 @pytest.mark.parametrize("workers", [1, pytest.param(2, marks=pytest.mark.integration)])
 def test_tiny_ppo_cartpole(workers: int) -> None:
+    """One env runner in the default layout (SYNC); two of 2 envs each in CartPole's own vector class
+    (execution.layout.rllib.vectorize: VECTOR_ENTRY_POINT)."""
+    native_vector = workers == 2
     trial = make_trial(
         "ppo",
         workers=workers,
         env_steps=1024,
-        hyperparams={"train_batch": 256, "minibatch": 64, "epochs": 2, "rollout_fragment": 64},
+        envs_per_worker=2 if native_vector else 1,
+        hyperparams={"train_batch": 256, "minibatch": 64, "epochs": 2, "rollout_fragment": 32},
+        layout={"rllib": {"vectorize": "VECTOR_ENTRY_POINT"}} if native_vector else None,
     )
     sink = ListSink(trial)
     R.RllibAdapter().run(trial, sink)
     points = _check_run(sink, trial, max_return=500)
     assert len(points) == 4  # 256 env steps per iteration, exactly
+    (native,) = [m["config"] for m in sink.messages if m["kind"] == "native_config"]
+    (tags,) = [m["tags"] for m in sink.messages if m["kind"] == "tags"]
+    mode = "vector_entry_point" if native_vector else "sync"
+    assert str(native["gym_env_vectorize_mode"]).lower().endswith(mode), native["gym_env_vectorize_mode"]
+    assert tags["layout"] == ("2 runners x 2 native vector" if native_vector else "1 runner x 1 SYNC")
     assert all(M.POLICY_LOSS in p and M.VALUE_LOSS in p and M.ENTROPY in p for p in points)
     assert all(p[M.DIAG_APPROX_KL] >= 0 and p[M.DIAG_GRAD_NORM] > 0 for p in points)  # RLlib's own diagnostics
 
