@@ -16,6 +16,9 @@ a ``ReplayBuffer(LazyTensorStorage(frames_per_batch), SamplerWithoutReplacement(
 minibatch by minibatch: ``loss_objective + loss_critic + loss_entropy``, ``backward()``, ``clip_grad_norm_``, Adam's
 step; then ``collector.update_policy_weights_()``. No learning-rate or clip annealing (the reference's
 ``anneal_lr`` / ``anneal_clip_epsilon``): crossrl's adapter has none, and the stored config names none.
+
+IMPALA and SAC trials run their own reference loops (``torchrl_impala.run_impala``, ``torchrl_sac.run_sac``) on the
+same stored config; SAC's is imported when a SAC trial runs (its module imports torch).
 """
 
 from __future__ import annotations
@@ -49,13 +52,14 @@ def _refuse(trial: Trial) -> None:
     ):
         raise ValueError(
             f"torchrl-native runs {', '.join(TorchrlNativeLoop.algorithms)} on single-agent gymnasium envs with "
-            "discrete actions, vector observations and an MLP (no preprocessing, reward clip or step latency), not "
-            f"{trial.algorithm} on {env.id}"
+            "vector observations and an MLP (ppo, impala: discrete actions; sac: continuous ones; no preprocessing, "
+            f"reward clip or step latency), not {trial.algorithm} on {env.id}"
         )
 
 
 class TorchrlNativeLoop:
-    """TorchRL's PPO (and IMPALA: ``torchrl_impala``) reference loop on the stored config's settings."""
+    """TorchRL's PPO (IMPALA: ``torchrl_impala``, SAC: ``torchrl_sac``) reference loop on the stored config's
+    settings."""
 
     engine: ClassVar[str] = "torchrl-native"
     algorithms: ClassVar[dict[str, str]] = {
@@ -63,6 +67,8 @@ class TorchrlNativeLoop:
         "minibatches, ClipPPOLoss, Adam, clip_grad_norm_; settings from the stored native config",
         "impala": "TorchRL's IMPALA reference loop (sota-implementations/impala, single node): MultiAsyncCollector, "
         "worker batches stacked into a learner batch, VTrace, A2CLoss, Adam, clip_grad_norm_; stored settings",
+        "sac": "TorchRL's SAC reference loop (sota-implementations/sac): collector with init_random_frames, uniform "
+        "ReplayBuffer, SACLoss (twin critics, learned temperature), grouped Adams, SoftUpdate; stored settings",
     }
 
     def run(self, trial: Trial, sink: MetricSink) -> None:
@@ -73,6 +79,10 @@ class TorchrlNativeLoop:
         where = str(Path(os.environ.get(CONFIGS_ENV, ".")) / f"{trial.seed}.json")
         if trial.algorithm == "impala":
             return run_impala(trial, sink, stored, where)
+        if trial.algorithm == "sac":
+            from crossrl.measure.fidelity.torchrl_sac import run_sac
+
+            return run_sac(trial, sink, stored, where)
 
         import torch
         import torchrl
