@@ -4,7 +4,8 @@ A trial's ``layout`` tag names how its engine stepped its envs (TorchRL's collec
 runners and vectorisation), in the words ``crossrl bench sampling --sweep`` names its layouts; the store keeps each
 sweep's ``bench.json`` (:meth:`crossrl.reports.store.ResultsStore.layout_sweeps`). The report marks an engine's row
 whose layout sampled below :data:`LAYOUT_SLACK` of that engine's fastest layout in the newest sweep of the same env
-and total envs: its speed figures then measure crossrl's choice of layout, not the engine at its best.
+and total envs, among the sweep's layouts of the same batch (env steps per iteration, which the trial's algorithm
+sets, not its layout): its speed figures then measure crossrl's choice of layout, not the engine at its best.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ def _matches(label: str, layout: str) -> bool:
     return label == layout or label.startswith(layout + ",")
 
 
+def _batch(label: str) -> str:
+    """What a sweep label says after its layout: the env steps per iteration (``4000 frames``, ``fragment 250``)."""
+    return label.partition(",")[2].strip()
+
+
 def layout_marks(trials: pd.DataFrame, sweeps: Sequence[Mapping[str, Any]]) -> list[LayoutMark]:
     """Per engine and worker count whose trials name a layout, that layout against the newest stored sweep (``sweeps``
     newest first) of the same total envs that timed the engine; engines and counts without one are left out."""
@@ -76,8 +82,10 @@ def layout_marks(trials: pd.DataFrame, sweeps: Sequence[Mapping[str, Any]]) -> l
             timed = [p for p in sweep.get("points", []) if p.get("engine") == engine and _median(p)]
             if not timed:
                 continue
-            best = max(timed, key=lambda p: _median(p) or 0.0)
             this = next((p for p in timed if _matches(str(p.get("label", "")), layout)), None)
+            if this is not None:  # against layouts of the same batch: the trial's algorithm sets its batch size
+                timed = [p for p in timed if _batch(str(p.get("label", ""))) == _batch(str(this.get("label", "")))]
+            best = max(timed, key=lambda p: _median(p) or 0.0)
             marks.append(
                 LayoutMark(
                     engine=str(engine),

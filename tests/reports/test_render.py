@@ -254,6 +254,7 @@ def test_an_engine_held_to_a_slower_layout_is_marked_in_the_throughput_table(tmp
                 ("torchrl", f"MultiSync 2 x gym Sync({envs}), 4000 frames", 12_422.0),
                 ("rllib", f"2 runners x {envs} SYNC, fragment 250", 10_178.0),
                 ("rllib", f"local runner x {2 * envs} SYNC, fragment 250", 10_500.0),
+                ("torchrl", f"MultiSync 2 x gym Sync({envs}), 1000 frames", 20_000.0),  # another batch: not a peer
             ],
         ),  # fmt: skip
         _sweep(2 * envs, [("torchrl", f"MultiSync 2 x SerialEnv({envs}), 4000 frames", 9_000.0)], start_ms=0),
