@@ -431,8 +431,8 @@ class E2ETable:
         return write_result(path, "e2e", self.to_dict())
 
     def metrics(self) -> dict[str, float]:
-        def key(r: E2ERow) -> str:  # a sweep's other layouts: engine@layout
-            return r.engine if r.default_layout else f"{r.engine}@{_metric_safe(r.layout)}"
+        def key(r: E2ERow) -> str:  # a sweep's other layouts: engine/layout (MLflow takes no other separator)
+            return r.engine if r.default_layout else f"{r.engine}/{_metric_safe(r.layout)}"
 
         out = {f"{key(r)}.seeds_reaching": float(r.reached) for r in self.rows}
         out.update({f"{key(r)}.median_wall_s": r.median_wall_s for r in self.rows if r.median_wall_s is not None})
@@ -446,8 +446,8 @@ class E2ETable:
 
 
 def _metric_safe(text: str) -> str:
-    """``text`` as an MLflow metric name part (letters, digits, ``_ - . /`` and spaces)."""
-    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", text)
+    """``text`` as an MLflow metric name part (letters, digits, ``_ - .`` and spaces)."""
+    return re.sub(r"[^A-Za-z0-9_\-. ]", "_", text)
 
 
 def print_e2e_table(table: E2ETable, *, console: Any = None) -> None:
