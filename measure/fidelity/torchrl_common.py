@@ -43,6 +43,14 @@ def stored_value(stored: Mapping[str, Any], *keys: str) -> Any:
     return value
 
 
+def needed(stored: Mapping[str, Any], where: str, fix: str, *keys: str) -> Any:
+    """:func:`stored_value`, its error in one line with the stored file (``where``) and the remedy (``fix``)."""
+    try:
+        return stored_value(stored, *keys)
+    except ValueError as e:
+        raise ValueError(f"{e} ({where}): {fix}") from None
+
+
 def actor_critic(trial: Trial) -> tuple[Any, Any, Any, Any]:
     """The policy and value networks as TorchRL's reference scripts build them from a proof env (its specs and
     dimensions): ``MLP``s of the trial's hidden sizes and activation, a ``ProbabilisticActor`` with a

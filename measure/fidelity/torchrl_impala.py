@@ -68,7 +68,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from crossrl.adapters.base import MetricSink
-from crossrl.measure.fidelity.torchrl_common import INIT, actor_critic, make_env, report, stored_value
+from crossrl.measure.fidelity.torchrl_common import INIT, actor_critic, make_env, needed, report
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
@@ -84,10 +84,7 @@ FIX = "store the config crossrl's TorchRL adapter reports for a local impala tri
 
 def _need(stored: Mapping[str, Any], where: str, *keys: str) -> Any:
     """``stored_value`` with the file and the remedy in its one line."""
-    try:
-        return stored_value(stored, *keys)
-    except ValueError as e:
-        raise ValueError(f"{e} ({where}): {FIX}") from None
+    return needed(stored, where, FIX, *keys)
 
 
 def settings(trial: Trial, stored: Mapping[str, Any], where: str) -> dict[str, Any]:

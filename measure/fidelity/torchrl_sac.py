@@ -76,7 +76,7 @@ from torch import nn
 
 from crossrl.adapters.base import MetricSink
 from crossrl.measure.fidelity import beat
-from crossrl.measure.fidelity.torchrl_common import ACTIVATIONS, episodes, gym_env, init_as_spec, stored_value
+from crossrl.measure.fidelity.torchrl_common import ACTIVATIONS, episodes, gym_env, init_as_spec, needed
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import CROSSRL_SETTINGS
 from crossrl.scenarios.spec import Trial
@@ -107,10 +107,7 @@ FIX = "store the config crossrl's TorchRL adapter reports for a local sac trial 
 
 def _need(stored: Mapping[str, Any], where: str, *keys: str) -> Any:
     """``stored_value`` with the file and the remedy in its one line."""
-    try:
-        return stored_value(stored, *keys)
-    except ValueError as e:
-        raise ValueError(f"{e} ({where}): {FIX}") from None
+    return needed(stored, where, FIX, *keys)
 
 
 def _refuse(what: str, where: str) -> ValueError:
