@@ -32,7 +32,8 @@ Known differences from the reference script, kept on purpose:
   action dimension (-0.69 nats on Pendulum), a different problem from the adapter's.
 - The actor's scale is ``exp(clamp(log_std, min, max))`` at the stored bounds (the adapter's network), not the
   reference's ``NormalParamExtractor(scale_mapping="biased_softplus_1.0", scale_lb=0.1)``: TorchRL's mappings have no
-  clamped exponential, and the scale mapping is part of the network, which both sides must share.
+  clamped exponential, and the scale mapping is part of the network, which both sides must share (the adapter's
+  ``LogStdScale`` module itself).
 - Two critics built separately and handed to ``SACLoss`` as a list, where the reference hands it one critic that
   ``SACLoss`` copies (re-sampling both copies' weights uniformly between the module's min and max: the spec's
   orthogonal initialisation would be lost). The critics take ``[observation, action]`` (the adapter's order; the
@@ -75,6 +76,7 @@ import torch
 from torch import nn
 
 from crossrl.adapters.base import MetricSink
+from crossrl.adapters.torchrl.algorithms import LogStdScale  # the adapter's actor scale: the same network on both sides
 from crossrl.measure.fidelity import beat
 from crossrl.measure.fidelity.torchrl_common import ACTIVATIONS, episodes, gym_env, init_as_spec, needed
 from crossrl.scenarios import metrics as M
@@ -186,23 +188,6 @@ def make_sac_env(env_id: str, kwargs: Mapping[str, Any], num_envs: int, unit_act
     return TransformedEnv(base, Compose(*scaling, DoubleToFloat(), RewardSum(), StepCounter()))
 
 
-class ClampedExpScale(nn.Module):
-    """``(loc, scale)`` from the actor MLP's output: its first half ``loc``, its second the log std clamped to ``[low,
-    high]`` and exponentiated, as the adapter's actor maps it (TorchRL's ``NormalParamExtractor`` has no clamped
-    exponential). Module-level: a ``MultiSyncCollector`` sends the policy to its workers pickled."""
-
-    def __init__(self, low: float, high: float) -> None:
-        super().__init__()
-        self.low, self.high = low, high
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        loc, log_std = x.chunk(2, dim=-1)
-        return loc, log_std.clamp(self.low, self.high).exp()
-
-    def extra_repr(self) -> str:
-        return f"low={self.low}, high={self.high}"
-
-
 def actor_critics(trial: Trial, log_std: tuple[float, float]) -> tuple[Any, list[Any], Any, list[Any]]:
     """The actor and the two critics as the reference's ``make_sac_agent`` builds them from a proof env's specs, of
     the trial's hidden sizes and activation: a ``ProbabilisticActor`` with a ``TanhNormal`` over the action spec's
@@ -245,7 +230,7 @@ def actor_critics(trial: Trial, log_std: tuple[float, float]) -> tuple[Any, list
         mlp = MLP(in_features=n_obs + n_act, out_features=1, num_cells=hidden, activation_class=activation)
         critic_mlps.append(init_as_spec(mlp, out_gain=1.0))
     actor = ProbabilisticActor(
-        TensorDictModule(nn.Sequential(actor_mlp, ClampedExpScale(*log_std)), in_keys=["observation"],
+        TensorDictModule(nn.Sequential(actor_mlp, LogStdScale(*log_std)), in_keys=["observation"],
                          out_keys=["loc", "scale"]),
         in_keys=["loc", "scale"],
         spec=action_spec,
