@@ -6,6 +6,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,63 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The temp HOME goes with the session (Ray and MLflow clients have stopped by now)."""
+    """A kept Ray (`ray_cluster`) stops, then the temp HOME goes with the session."""
+    if "ray" in sys.modules:
+        _kept_ray_down()
     shutil.rmtree(_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray on 127.0.0.1 with 2 CPUs, kept up in this test process for the next module that asks for it too.
+
+    Starting and stopping one costs 6-8 s here; the engines' adapters join a Ray that is already up (and leave it
+    up), as they join a user's cluster. A module that left actors holding CPUs (its CPUs not all free again within
+    20 s) gets Ray stopped after it, so the next module starts on a clean one. Modules opt in with
+    ``pytestmark = pytest.mark.usefixtures("ray_cluster")``; a test among them that asks for `own_ray` runs with
+    no Ray up (its engine starts its own), and a test that asks for neither runs without Ray, as it would alone.
+    """
+    import ray
+
+    _kept_ray_up()
+    yield
+    if ray.is_initialized():
+        from ray_state import cpus_free_again
+
+        if not cpus_free_again(timeout_s=20.0):
+            _kept_ray_down()
+
+
+@pytest.fixture
+def own_ray() -> None:
+    """In a module that keeps Ray up (`ray_cluster`): this test runs with none up, so its engine starts its own."""
+
+
+@pytest.fixture(autouse=True)
+def _ray_as_asked(request: pytest.FixtureRequest) -> None:
+    wanted = "ray_cluster" in request.fixturenames and "own_ray" not in request.fixturenames
+    if wanted:
+        _kept_ray_up()
+    elif "ray" in sys.modules:
+        _kept_ray_down()
+
+
+def _kept_ray_up() -> None:
+    import ray
+
+    from crossrl.core import cluster
+
+    if not ray.is_initialized():
+        cluster.connect(None, num_cpus=2)
+
+
+def _kept_ray_down() -> None:
+    import ray
+
+    from crossrl.core import cluster
+
+    if ray.is_initialized():
+        cluster.disconnect()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from crossrl.adapters.registry import unsupported
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import load
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]
 
 
 @pytest.mark.parametrize("agents", ["shared", "independent"])

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from ray_state import run_leaving_ray_as_found
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import BUILTIN
@@ -14,6 +15,9 @@ from crossrl.adapters.rllib import adapter as R
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import Hyperparams, ScenarioSpec, Trial
+
+# RLlib runs in this process join one kept Ray (tests/conftest.py) instead of starting their own
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 RLLIB_ALGORITHMS = sorted(BUILTIN["rllib"].supported)
 
@@ -305,7 +309,6 @@ def _check_run(sink: ListSink, trial: Trial, *, max_return: float) -> list[dict[
     assert tags["engine_version"] == ray.__version__
     assert tags["ray_gcs_address"].startswith("127.0.0.1:"), "a local cluster must stay on loopback"
     assert sink.setup_s is not None and sink.setup_s > 0
-    assert not ray.is_initialized(), "the adapter must shut down the Ray it started"
     return points
 
 
@@ -323,7 +326,7 @@ def test_tiny_ppo_cartpole(workers: int) -> None:
         layout={"rllib": {"vectorize": "VECTOR_ENTRY_POINT"}} if native_vector else None,
     )
     sink = ListSink(trial)
-    R.RllibAdapter().run(trial, sink)
+    run_leaving_ray_as_found(R.RllibAdapter(), trial, sink)
     points = _check_run(sink, trial, max_return=500)
     assert len(points) == 4  # 256 env steps per iteration, exactly
     (native,) = [m["config"] for m in sink.messages if m["kind"] == "native_config"]
@@ -339,19 +342,20 @@ def test_tiny_ppo_cartpole(workers: int) -> None:
 def test_tiny_impala_cartpole() -> None:
     trial = make_trial("impala", workers=2, env_steps=2000)
     sink = ListSink(trial)
-    R.RllibAdapter().run(trial, sink)
+    run_leaving_ray_as_found(R.RllibAdapter(), trial, sink)
     points = _check_run(sink, trial, max_return=500)
     assert any(M.POLICY_LOSS in p for p in points)
     assert any(t["kind"] == "tags" and "local learner" in t["tags"]["rllib_resources"] for t in sink.messages)
 
 
 @pytest.mark.integration
+@pytest.mark.usefixtures("own_ray")  # the adapter starts its Ray and shuts it down
 def test_tiny_dqn_cartpole() -> None:
     trial = make_trial(
         "dqn", env_steps=1500, hyperparams={"learning_starts": 500, "rollout_fragment": 8, "replay_ratio": 1.0}
     )
     sink = ListSink(trial)
-    R.RllibAdapter().run(trial, sink)
+    run_leaving_ray_as_found(R.RllibAdapter(), trial, sink)
     points = _check_run(sink, trial, max_return=500)
     trained = [p[M.ENV_STEPS_TRAINED] for p in points]
     assert trained == sorted(trained) and trained[-1] > 0

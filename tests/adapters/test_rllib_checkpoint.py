@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from crossrl.adapters.rllib import adapter as R
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]
 
 BATCH = 256  # env steps per PPO iteration
 EVERY = 512  # a checkpoint every 2 iterations
@@ -47,21 +46,6 @@ def make_trial(algorithm: str = "ppo", *, env_steps: int = BUDGET, hyperparams: 
         }
     )
     return spec.trials()[0]
-
-
-@pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[None]:
-    import ray
-    import torch
-
-    from crossrl.core.cluster import connect, disconnect
-
-    torch.set_num_threads(1)
-    started = not ray.is_initialized()
-    connect(None, num_cpus=2)
-    yield
-    if started:
-        disconnect()
 
 
 class Trained:
@@ -93,6 +77,9 @@ def run(trial: Trial) -> Trained:
 @pytest.fixture(scope="module")
 def trained(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Trained:
     """The PPO trial run once, with a checkpoint every 512 env steps."""
+    import torch
+
+    torch.set_num_threads(1)
     return run(make_trial().model_copy(update={"checkpoint_dir": str(tmp_path_factory.mktemp("rllib") / "ck")}))
 
 

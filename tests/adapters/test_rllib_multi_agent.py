@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from ma_points import AGENTS, GROUPS, check_points
+from ray_state import run_leaving_ray_as_found
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.registry import BUILTIN, unsupported
@@ -19,7 +20,7 @@ from crossrl.core.envs import agent_spaces, make_parallel_env
 from crossrl.scenarios.loader import load
 from crossrl.scenarios.spec import Trial
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("ray_cluster")]
 
 
 def ma_trial(agents: Any = "shared", *, workers: int = 1) -> Trial:
@@ -32,11 +33,8 @@ def ma_trial(agents: Any = "shared", *, workers: int = 1) -> Trial:
 
 def run_and_check(trial: Trial, policies: dict[str, list[str]]) -> ListSink:
     """Run the trial for real; check the multi-agent contract (team and agent returns, per-policy losses)."""
-    import ray
-
     sink = ListSink(trial)
-    R.RllibAdapter().run(trial, sink)
-    assert not ray.is_initialized(), "the adapter must shut down the Ray it started"
+    run_leaving_ray_as_found(R.RllibAdapter(), trial, sink)
     native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
     assert native["policies"] == policies
     assert native["count_steps_by"] == "env_steps" and native["_train_batch_size_per_learner"] == 400

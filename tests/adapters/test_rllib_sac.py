@@ -20,6 +20,9 @@ from crossrl.core.sac_policy import SACPolicy
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
+# RLlib runs in this process join one kept Ray (tests/conftest.py) instead of starting their own
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
 TINY = {"train_batch": 32, "learning_starts": 300, "updates_per_step": 0.25, "buffer_size": 5000}
 
 

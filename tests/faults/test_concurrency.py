@@ -15,7 +15,7 @@ RUNS = 3
 
 
 @pytest.mark.integration
-@pytest.mark.long
+@pytest.mark.system  # three whole runs at once
 def test_runs_started_together_on_a_fresh_store_all_finish(tmp_path: Path) -> None:
     results = tmp_path / "fresh"  # not even the folder exists yet
     cmd = [

@@ -133,7 +133,7 @@ def test_a_broken_env_fails_its_trial_on_every_engine(fault: str, tmp_path: Path
 
 
 @pytest.mark.integration
-@pytest.mark.long
+@pytest.mark.system  # a whole run that waits out the raw-speed probe's limit
 def test_an_env_that_hangs_from_its_first_steps_costs_the_probe_its_limit_not_the_run(tmp_path: Path) -> None:
     """The raw-speed probe steps the env before any trial: a hang there ends the probe's own process (a tag on the
     run), the trial then stalls and fails, and the run ends."""

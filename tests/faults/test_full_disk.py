@@ -68,7 +68,7 @@ def _watch_tree(run: subprocess.Popen[str], seen: dict[int, psutil.Process], tri
         time.sleep(0.2)
 
 
-@pytest.mark.long
+@pytest.mark.system  # two whole runs, the second on a disk filled under it
 def test_a_full_disk_stops_the_run_with_one_line_and_corrupts_nothing(small_disk: Path) -> None:
     results = small_disk / "results"
     common = ["--engines", "crossrl", "--workers", "1", "--seeds", "0", "--results-dir", str(results), "--no-report"]

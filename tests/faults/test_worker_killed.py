@@ -81,6 +81,7 @@ def check_survived(sink: ListSink, killed: list[int]) -> list[dict[str, float]]:
 
 
 @pytest.mark.integration
+@pytest.mark.usefixtures("ray_cluster")
 def test_crossrl_restarts_a_killed_evaluator() -> None:
     import ray
 
@@ -102,6 +103,7 @@ def test_crossrl_restarts_a_killed_evaluator() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.usefixtures("ray_cluster")
 def test_rllib_restarts_a_killed_env_runner() -> None:
     from crossrl.adapters.rllib.adapter import RllibAdapter
 
