@@ -1,5 +1,6 @@
 """RLlib's SAC through the adapter: the same networks as crossrl's core, uniform warm-up, a tiny real Pendulum run,
-its checkpoint (replay buffer and temperature included) resumed, the mean action reloaded without Ray."""
+its checkpoint (replay buffer and temperature included), the mean action reloaded without Ray; in make test-system,
+a resume from that checkpoint."""
 
 from __future__ import annotations
 
@@ -93,17 +94,30 @@ def last_alpha(alphas: list[float]) -> Any:
     return capture
 
 
-@pytest.mark.long
-def test_a_tiny_pendulum_run_trains_checkpoints_resumes_and_reloads(tmp_path: Path) -> None:
-    """One real run (2,000 env steps, a checkpoint every 1,000) checked throughout: the updates per env step, the
-    losses, the checkpoint's replay buffer and temperature, a resume from it, the mean action reloaded without Ray."""
-    trial = make_trial().model_copy(update={"checkpoint_dir": str(tmp_path / "ck")})
+class Ran:
+    def __init__(self, trial: Trial, sink: ListSink, alphas: list[float], root: Path) -> None:
+        self.trial, self.sink, self.alphas, self.root = trial, sink, alphas, root
+
+
+@pytest.fixture(scope="module")
+def ran(ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Ran:
+    """One real run (2,000 env steps, a checkpoint every 1,000), the temperature captured after each iteration."""
+    root = tmp_path_factory.mktemp("rllib-sac") / "ck"
+    trial = make_trial().model_copy(update={"checkpoint_dir": str(root)})
     sink = ListSink(trial)
     alphas: list[float] = []
     R.RllibAdapter(on_iteration=last_alpha(alphas)).run(trial, sink)
+    return Ran(trial, sink, alphas, root)
+
+
+@pytest.mark.long
+def test_a_tiny_pendulum_run_trains_checkpoints_and_reloads(ran: Ran) -> None:
+    """The run checked throughout: the updates per env step, the losses, the checkpoint's replay buffer and
+    temperature, the mean action reloaded without Ray."""
+    trial, alphas = ran.trial, ran.alphas
 
     # -- the run
-    points = sink.points
+    points = ran.sink.points
     assert len(points) >= 2 and points[-1][M.ENV_STEPS_SAMPLED] >= 2000
     returns = [p[M.EPISODE_RETURN_MEAN] for p in points if M.EPISODE_RETURN_MEAN in p]
     assert returns and all(-2000 < r <= 0 for r in returns)
@@ -117,12 +131,31 @@ def test_a_tiny_pendulum_run_trains_checkpoints_resumes_and_reloads(tmp_path: Pa
     assert updates == pytest.approx(0.25 * (last[M.ENV_STEPS_SAMPLED] - 300), rel=0.1)
     assert last[M.ENV_STEPS_TRAINED] == 32 * updates
 
-    # -- the checkpoint keeps the replay buffer and the temperature; a resume goes on from them
-    folder, step = newest(tmp_path / "ck")
+    # -- the checkpoint keeps the replay buffer and the temperature
+    folder, _ = newest(ran.root)
     engine = folder / checkpoints.ENGINE_DIR
     assert (engine / R.REPLAY_FILE).is_file() and (engine / R.ALPHA_FILE).is_file()
     saved_alpha = float(np.exp(json.loads((engine / R.ALPHA_FILE).read_text())["default_policy"]))
     assert saved_alpha == pytest.approx(alphas[-1], rel=1e-5)  # the final checkpoint: the trial's last alpha
+
+    # -- the mean action, reloaded without Ray
+    act = R.load_policy(trial, folder)
+    obs = np.array([1.0, 0.0, 0.0], np.float32)
+    greedy = np.asarray(act(obs))
+    assert greedy.shape == (1,) and np.all(np.abs(greedy) <= 1.0)
+    assert np.array_equal(np.asarray(act(obs)), greedy)  # deterministic
+    sample = R.load_policy(trial, folder, greedy=False)
+    draws = np.array([sample(obs) for _ in range(30)])
+    assert draws.std() > 0 and np.all(np.abs(draws) <= 1.0)
+    # the mean action is tanh of the actor's mean: inside the spread of the samples, not clipped at a bound
+    assert abs(float(greedy[0])) < 1.0
+
+
+@pytest.mark.system  # a second RLlib run; SAC's kill and resume on every engine is in make test-system too
+def test_a_resume_goes_on_from_the_checkpoints_buffer_and_temperature(ran: Ran, tmp_path: Path) -> None:
+    folder, step = newest(ran.root)
+    engine = folder / checkpoints.ENGINE_DIR
+    saved_alpha = float(np.exp(json.loads((engine / R.ALPHA_FILE).read_text())["default_policy"]))
     resumed_trial = make_trial(env_steps=step + 1000).model_copy(
         update={"checkpoint_dir": str(tmp_path / "ck2"), "resume_from": str(folder)}
     )
@@ -142,15 +175,3 @@ def test_a_tiny_pendulum_run_trains_checkpoints_resumes_and_reloads(tmp_path: Pa
     # so one restarted at 1.0 would still be above exp(-0.25) = 0.78 > the saved value
     assert saved_alpha < 0.75 and seen and seen[0] < saved_alpha
     assert points[0][M.DIAG_REPLAY_SIZE] >= step  # the buffer came back
-
-    # -- the mean action, reloaded without Ray
-    act = R.load_policy(trial, folder)
-    obs = np.array([1.0, 0.0, 0.0], np.float32)
-    greedy = np.asarray(act(obs))
-    assert greedy.shape == (1,) and np.all(np.abs(greedy) <= 1.0)
-    assert np.array_equal(np.asarray(act(obs)), greedy)  # deterministic
-    sample = R.load_policy(trial, folder, greedy=False)
-    draws = np.array([sample(obs) for _ in range(30)])
-    assert draws.std() > 0 and np.all(np.abs(draws) <= 1.0)
-    # the mean action is tanh of the actor's mean: inside the spread of the samples, not clipped at a bound
-    assert abs(float(greedy[0])) < 1.0
