@@ -155,6 +155,23 @@ def _load(spec: str, overrides: dict[str, Any] | None = None) -> Any:
     return checked.spec, checked.path
 
 
+def _best_layouts(scenario: Any, store: Any) -> dict[tuple[str, int], dict[str, Any]] | None:
+    """The layouts of the engines whose ``execution.layout`` says ``best``, each printed with the sweep it came from
+    (a sweep measured first where none is stored, its cost printed); None when none says it."""
+    if not scenario.execution.layout.best_engines():
+        return None
+    from crossrl.measure.bench import best_layout
+
+    console = _console()
+    try:
+        resolved = best_layout.resolve(scenario, store, progress=console.print)
+    except ValueError as e:
+        _fail([str(e)])
+    for choice in resolved.choices:
+        console.print(f"execution.layout best: {best_layout.describe(choice)}")
+    return resolved.layouts
+
+
 def _refused(trials: list[Any], *, label: str, skip_unsupported: bool, what: str) -> dict[str, str]:
     """The trials `crossrl validate` refuses, checked as it checks them (the engine registry, then each engine's own
     checks of the settings it would start with): exit 2 naming each, unless ``skip_unsupported``; then trial name ->
@@ -514,6 +531,7 @@ def run(
         scenario = _spec_to_resume(scenario, path, overrides, resume, store)
     refused = _refused(scenario.trials(), label=path.name, skip_unsupported=skip_unsupported, what="crossrl run")
     store = store or _store_or_fail(tracking_uri, results_dir)
+    layouts = _best_layouts(scenario, store)
     display = RunDisplay(_console(), scenario)
     try:
         with stop_on_signals(), display:  # SIGTERM and SIGHUP stop the run as Ctrl-C does
@@ -532,6 +550,7 @@ def run(
                 parallel=parallel,
                 placement=placement,
                 max_retries=max_retries,
+                layouts=layouts,
             )
     except SpecError as e:
         _fail(e.problems)

@@ -64,11 +64,22 @@ def _engine_failures(trials: list[Any], spaces: Any) -> list[tuple[Any, str]]:
             continue
         key = (trial.engine, trial.workers)
         if key not in reasons:
-            reasons[key] = _rllib_refusal(trial) if trial.engine == "rllib" else _torchrl_refusal(trial, spaces)
+            checked = in_default_layout(trial)
+            reasons[key] = _rllib_refusal(checked) if trial.engine == "rllib" else _torchrl_refusal(checked, spaces)
         reason = reasons[key]
         if reason:
             out.append((trial, reason))
     return out
+
+
+def in_default_layout(trial: Any) -> Any:
+    """``trial`` with a layout knob that says ``best`` at its default: `crossrl run` picks the value from the stored
+    layout sweeps when it starts (crossrl.measure.bench.best_layout); every value runs the same envs and settings, and
+    none that an engine would refuse for the trial is a candidate."""
+    from crossrl.scenarios.spec import BEST
+
+    layout = {k: v for k, v in trial.layout.items() if v != BEST}
+    return trial.model_copy(update={"layout": layout}) if layout != trial.layout else trial
 
 
 def _torchrl_refusal(trial: Any, spaces: Any) -> str | None:
@@ -200,6 +211,7 @@ def _rllib_settings(trial: Any) -> list[str]:
     from crossrl.adapters.rllib import adapter as rllib
     from crossrl.scenarios.checks import pairs, workers_text
 
+    trial = in_default_layout(trial)
     config = _rllib_config(trial)
     runners = {
         "num_env_runners": config.num_env_runners,

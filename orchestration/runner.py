@@ -37,7 +37,7 @@ from crossrl.reports.journal import Journal, JournalError
 from crossrl.reports.store import HEARTBEAT_S, ResultsStore, StoreError
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import SpecError
-from crossrl.scenarios.spec import EnvSpec, ScenarioSpec, Trial
+from crossrl.scenarios.spec import BEST, EnvSpec, ScenarioSpec, Trial
 
 KILL_GRACE_S = 5.0
 RAW_PROBE_LIMIT_S = 30.0  # the raw-speed probe's child process: building the envs, 50 warm-up steps, 1 s measured
@@ -233,6 +233,7 @@ def run_scenario(
     tags: Mapping[str, str] | None = None,
     refused: Mapping[str, str] | None = None,
     max_retries: int | None = None,
+    layouts: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
 ) -> RunOutcome:
     """Run every trial of ``spec`` (engines x workers x seeds); unsupported ones are SKIPPED or refused.
 
@@ -264,9 +265,16 @@ def run_scenario(
     trials the caller found their engine would refuse at start (trial name -> why, as `crossrl validate` says):
     recorded SKIPPED with that reason, as unsupported ones are. ``max_retries``: how many times a fanned-out trial lost
     with its node (or its actor) is started again from its newest checkpoint (``fanout.MAX_RETRIES`` by default).
+    ``layouts``: (engine, workers) -> the layout those trials run in, where the spec's says ``best``
+    (:mod:`crossrl.measure.bench.best_layout` resolves them); a ``best`` left unresolved is a ``SpecError``.
     """
     trials, bad = plan_trials(
-        spec, ray_address=ray_address, skip_unsupported=skip_unsupported, parallel=parallel, placement=placement
+        spec,
+        ray_address=ray_address,
+        skip_unsupported=skip_unsupported,
+        parallel=parallel,
+        placement=placement,
+        layouts=layouts,
     )
     bad = {**(refused or {}), **bad}
     notify = progress or (lambda _event, _payload: None)
@@ -308,13 +316,20 @@ def run_scenario(
 
 
 def plan_trials(
-    spec: ScenarioSpec, *, ray_address: str | None, skip_unsupported: bool, parallel: int, placement: str
+    spec: ScenarioSpec,
+    *,
+    ray_address: str | None,
+    skip_unsupported: bool,
+    parallel: int,
+    placement: str,
+    layouts: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
 ) -> tuple[list[Trial], dict[str, str]]:
-    """The run's trials (bound to the launcher's cluster when fanned out) and the unsupported ones' reasons (name ->
-    why); ``SpecError`` when one is unsupported and not to be skipped, or when a fanned-out trial cannot fit."""
+    """The run's trials (bound to the launcher's cluster when fanned out, in ``layouts``' layout where it names their
+    engine and workers) and the unsupported ones' reasons (name -> why); ``SpecError`` when one is unsupported and not
+    to be skipped, when a fanned-out trial cannot fit, or when a layout still says ``best``."""
     if parallel < 1:
         raise SpecError([f"--parallel must be at least 1, got {parallel}"])
-    trials = spec.trials(ray_address=ray_address)
+    trials = with_layouts(spec.trials(ray_address=ray_address), layouts)
     if not skip_unsupported:
         require_supported(trials)
     if parallel > 1:
@@ -322,9 +337,27 @@ def plan_trials(
 
         if placement not in fanout.PLACEMENTS:
             raise SpecError([f"--placement must be one of {', '.join(fanout.PLACEMENTS)}, got {placement!r}"])
-        trials = spec.trials(ray_address=fanout.connect_launcher(ray_address))  # the trials join the launcher's cluster
+        # the trials join the launcher's cluster
+        trials = with_layouts(spec.trials(ray_address=fanout.connect_launcher(ray_address)), layouts)
         fanout.check_fits(trials, placement=placement)
     return trials, {t.name: reason for t, reason in unsupported(trials)}
+
+
+def with_layouts(trials: list[Trial], layouts: Mapping[tuple[str, int], Mapping[str, Any]] | None) -> list[Trial]:
+    """``trials`` in the layouts ``layouts`` names for their (engine, workers); ``SpecError`` for a trial whose layout
+    still says ``best`` (only `crossrl run` resolves it)."""
+    chosen = layouts or {}
+    out = [
+        t.model_copy(update={"layout": dict(chosen[(t.engine, t.workers)])}) if (t.engine, t.workers) in chosen else t
+        for t in trials
+    ]
+    unresolved = sorted({t.engine for t in out if BEST in t.layout.values()})
+    if unresolved:
+        raise SpecError([
+            f"execution.layout: 'best' for {', '.join(unresolved)} is resolved by `crossrl run` (from the stored "
+            "layout sweeps); name a layout here instead"
+        ])  # fmt: skip
+    return out
 
 
 @dataclass

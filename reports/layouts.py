@@ -100,3 +100,58 @@ def layout_marks(trials: pd.DataFrame, sweeps: Sequence[Mapping[str, Any]]) -> l
             )
             break
     return marks
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    """The fastest of an engine's candidate layouts in the newest stored sweep of the same env and total envs."""
+
+    engine: str
+    workers: int
+    value: str  # the layout knob's value that won (a TorchRL batched env, an RLlib vectorize mode)
+    label: str  # that layout as the sweep named it
+    steps_per_s: float  # its sweep median
+    others: dict[str, float]  # each other candidate the sweep timed: its sweep median
+    sweep_run: str
+    sweep_start_ms: int
+
+
+def fastest_layout(
+    engine: str,
+    *,
+    workers: int,
+    total_envs: int,
+    candidates: Mapping[str, str],
+    sweeps: Sequence[Mapping[str, Any]],
+) -> LayoutChoice | None:
+    """Of ``candidates`` (a layout knob's value -> the trial's layout label with it, e.g. ``SerialEnv`` ->
+    ``MultiSync 2 x SerialEnv(4)``), the one the newest sweep (``sweeps`` newest first) of ``total_envs`` envs timed
+    fastest for ``engine``, among that sweep's layouts at its main batch (its fixed layout's: other batches measure the
+    batch, not the layout); None when no stored sweep timed any candidate."""
+    for sweep in sweeps:
+        if int((sweep.get("conditions") or {}).get("total_envs") or -1) != total_envs:
+            continue
+        timed = [p for p in sweep.get("points", []) if p.get("engine") == engine and _median(p)]
+        fixed = next((p for p in timed if p.get("fixed")), None)
+        batch = _batch(str(fixed.get("label", ""))) if fixed else None
+        found: dict[str, tuple[str, float]] = {}
+        for value, layout in candidates.items():
+            for point in timed:
+                label = str(point.get("label", ""))
+                if _matches(label, layout) and (batch is None or _batch(label) == batch):
+                    found[value] = (label, float(_median(point) or 0.0))
+                    break
+        if not found:
+            continue
+        value = max(found, key=lambda v: found[v][1])
+        return LayoutChoice(
+            engine=engine,
+            workers=workers,
+            value=value,
+            label=found[value][0],
+            steps_per_s=found[value][1],
+            others={v: rate for v, (_, rate) in found.items() if v != value},
+            sweep_run=str(sweep.get("run_id", "")),
+            sweep_start_ms=int(sweep.get("start_time") or 0),
+        )
+    return None

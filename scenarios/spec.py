@@ -41,6 +41,11 @@ DEFAULT_TORCHRL_ENV: TorchrlEnv = "gym_sync"
 # (a process per env), or the env's own vector class (gymnasium's vector entry point: CartPole has one).
 RllibVectorize = Literal["SYNC", "ASYNC", "VECTOR_ENTRY_POINT"]
 RLLIB_VECTORIZE: tuple[str, ...] = get_args(RllibVectorize)
+# A layout knob set to BEST takes the value `crossrl bench sampling --sweep` measured fastest for the env and the
+# trial's envs (crossrl.measure.bench.best_layout; `crossrl run` resolves it, measuring a sweep first when none is stored).
+BEST = "best"
+TorchrlEnvChoice = Literal["gym_sync", "SerialEnv", "gym_async", "best"]
+RllibVectorizeChoice = Literal["SYNC", "ASYNC", "VECTOR_ENTRY_POINT", "best"]
 
 FRAME_SIZES: dict[str, tuple[int, int]] = {"atari": (84, 84), "minatar": (10, 10)}
 """The frames' height and width after each pixel preprocessing (what a conv stack sees)."""
@@ -423,11 +428,13 @@ class TorchrlLayout(BaseModel):
 
     model_config = _STRICT
 
-    env: TorchrlEnv | None = Field(
+    env: TorchrlEnvChoice | None = Field(
         default=None,
         description="the batched env of each collector worker: gym_sync (gymnasium's SyncVectorEnv in GymWrapper), "
         "SerialEnv (TorchRL's, one GymWrapper per env) or gym_async (a process per env); null: gym_sync, TorchRL's "
-        "fastest measured for the same envs (docs/layouts.md); multi-agent envs always run in SerialEnv",
+        "fastest measured for the same envs (docs/layouts.md); best: the fastest of the three in the newest stored "
+        "`crossrl bench sampling --sweep` of this env and envs (`crossrl run` measures one first when none is "
+        "stored); multi-agent envs always run in SerialEnv",
     )
 
 
@@ -436,10 +443,12 @@ class RllibLayout(BaseModel):
 
     model_config = _STRICT
 
-    vectorize: RllibVectorize = Field(
+    vectorize: RllibVectorizeChoice = Field(
         default="SYNC",
         description="each env runner's vector env (gymnasium's VectorizeMode): SYNC, ASYNC (a process per env) or "
-        "VECTOR_ENTRY_POINT (the env's own vector class, where it has one, e.g. CartPole)",
+        "VECTOR_ENTRY_POINT (the env's own vector class, where it has one, e.g. CartPole); best: the fastest of "
+        "them in the newest stored `crossrl bench sampling --sweep` of this env and envs (`crossrl run` measures "
+        "one first when none is stored)",
     )
 
 
@@ -457,6 +466,10 @@ class LayoutSpec(BaseModel):
         """One engine's layout as a Trial carries it ({} for an engine without layout knobs)."""
         part = getattr(self, engine, None)
         return part.model_dump(mode="json") if isinstance(part, BaseModel) else {}
+
+    def best_engines(self) -> list[str]:
+        """The engines whose layout names ``best`` (to be resolved before their trials run)."""
+        return [engine for engine in ("rllib", "torchrl") if BEST in self.for_engine(engine).values()]
 
 
 class ExecutionSpec(BaseModel):

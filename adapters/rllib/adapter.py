@@ -306,6 +306,9 @@ def vectorize_mode(trial: Trial) -> str:
     """The trial's ``execution.layout.rllib.vectorize`` (SYNC when it names none); VECTOR_ENTRY_POINT refused with
     reward clipping (the env's own vector class has no clipping wrapper)."""
     mode = str(trial.layout.get("vectorize") or "SYNC")
+    if mode == "best":
+        raise ValueError("rllib: execution.layout.rllib.vectorize 'best' reached the engine unresolved (`crossrl run` "
+                         "resolves it from the stored layout sweeps)")  # fmt: skip
     if mode == "VECTOR_ENTRY_POINT" and trial.env.resolved_reward_clip:
         raise ValueError(
             "rllib: execution.layout.rllib.vectorize VECTOR_ENTRY_POINT steps the env's own vector class, which "

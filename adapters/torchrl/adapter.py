@@ -56,7 +56,7 @@ from crossrl.core.envs import make_env
 from crossrl.core.maths import mean_stats
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
-from crossrl.scenarios.spec import DEFAULT_TORCHRL_ENV, TORCHRL_ENVS, EnvSpec, Trial
+from crossrl.scenarios.spec import BEST, DEFAULT_TORCHRL_ENV, TORCHRL_ENVS, EnvSpec, Trial
 
 ON_POLICY_SYNC = ("ppo", "a2c")
 ASYNC = ("a3c", "impala")
@@ -240,7 +240,22 @@ def mapping_markdown() -> str:
 
 def batched_env(layout: Mapping[str, Any]) -> str:
     """The batched env a trial's layout names (``execution.layout.torchrl.env``), the default when it names none."""
-    return str(layout.get("env") or DEFAULT_TORCHRL_ENV)
+    chosen = str(layout.get("env") or DEFAULT_TORCHRL_ENV)
+    if chosen == BEST:
+        raise ValueError("torchrl: execution.layout.torchrl.env 'best' reached the engine unresolved (`crossrl run` "
+                         "resolves it from the stored layout sweeps)")  # fmt: skip
+    return chosen
+
+
+def collector_class(trial: Trial) -> str:
+    """The collector class :func:`build_collector` builds for ``trial``: RayCollector on a named cluster, Collector
+    for one synchronous worker, else MultiSyncCollector or MultiAsyncCollector (the algorithm says which)."""
+    sync = trial.algorithm not in ASYNC
+    if trial.ray_address:
+        return "RayCollector"
+    if trial.workers == 1 and sync:
+        return "Collector"
+    return "MultiSyncCollector" if sync else "MultiAsyncCollector"
 
 
 def layout_label(trial: Trial, collector: str, env: str | None = None) -> str:
