@@ -51,6 +51,7 @@ def _runs(results: Path) -> list:
 
 
 @pytest.mark.integration
+@pytest.mark.system  # whole runs: one SIGKILLed, then its store opened, a changed spec refused, then resumed
 def test_sigkilled_run_is_marked_killed_then_resumed(fault_engine: Path, results_dir: Path, tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     proc = subprocess.Popen(
@@ -166,6 +167,7 @@ def test_resume_takes_an_optional_parent_id() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.system  # whole runs: one stopped, then resumed
 def test_resume_finishes_what_the_run_set_out_to_do_with_no_flag_repeated(
     fault_engine: Path, results_dir: Path, tmp_path: Path
 ) -> None:

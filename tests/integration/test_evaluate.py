@@ -40,6 +40,7 @@ def _evaluate(results: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.system  # a whole run first, then `crossrl evaluate` on it
 def test_a_trial_without_a_checkpoint_is_one_line(tmp_path: Path, results_dir: Path) -> None:
     _run(tmp_path, results_dir, "crossrl", every_seconds=None, final=False)
     out = _evaluate(results_dir, "ev-crossrl")

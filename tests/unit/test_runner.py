@@ -142,6 +142,7 @@ def test_ctrl_c_kills_the_running_trial_and_keeps_finished_ones(fault_engine: Pa
 
 
 @pytest.mark.integration
+@pytest.mark.system  # a whole run of two trials on a real engine
 def test_real_engine_crash_is_failed_with_traceback_and_the_next_trial_runs(
     fault_engine: Path, results_dir: Path
 ) -> None:
