@@ -76,9 +76,16 @@ def own_ray() -> None:
 
 @pytest.fixture(autouse=True)
 def _ray_as_asked(request: pytest.FixtureRequest) -> None:
+    """Before each test: a kept Ray with every CPU free for a test that asks for `ray_cluster` (one whose CPUs a test
+    before left taken for 20 s is restarted), no Ray for any other."""
     wanted = "ray_cluster" in request.fixturenames and "own_ray" not in request.fixturenames
     if wanted:
         _kept_ray_up()
+        from ray_state import cpus_free_again
+
+        if not cpus_free_again(timeout_s=20.0):
+            _kept_ray_down()
+            _kept_ray_up()
     elif "ray" in sys.modules:
         _kept_ray_down()
 
