@@ -83,7 +83,7 @@ def resolve(
                 )
             say(f"execution.layout best: no stored sweep of {spec.env.id} at {workers} x "
                 f"{spec.execution.envs_per_worker} envs for {', '.join(missing)}; measuring one "
-                "(`crossrl bench sampling --sweep`, a few minutes)")  # fmt: skip
+                "(`crossrl bench sampling --sweep`: each of their layouts over 3 rounds, minutes)")  # fmt: skip
             start = time.monotonic()
             sweeps = [_measure(spec, workers, missing, store, say, sweep_kw or {}), *sweeps]
             took = time.monotonic() - start
