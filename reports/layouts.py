@@ -63,6 +63,13 @@ def _batch(label: str) -> str:
     return label.partition(",")[2].strip()
 
 
+def _timed(sweep: Mapping[str, Any], engine: str, total_envs: int) -> list[Mapping[str, Any]]:
+    """The sweep's points that timed ``engine``, if the sweep stepped ``total_envs`` envs (else none)."""
+    if int((sweep.get("conditions") or {}).get("total_envs") or -1) != total_envs:
+        return []
+    return [p for p in sweep.get("points", []) if p.get("engine") == engine and _median(p)]
+
+
 def layout_marks(trials: pd.DataFrame, sweeps: Sequence[Mapping[str, Any]]) -> list[LayoutMark]:
     """Per engine and worker count whose trials name a layout, that layout against the newest stored sweep (``sweeps``
     newest first) of the same total envs that timed the engine; engines and counts without one are left out."""
@@ -77,9 +84,7 @@ def layout_marks(trials: pd.DataFrame, sweeps: Sequence[Mapping[str, Any]]) -> l
         layout = str(named.mode().iloc[0])
         total = int(workers) * int(group["envs_per_worker"].iloc[0])
         for sweep in sweeps:
-            if int((sweep.get("conditions") or {}).get("total_envs") or -1) != total:
-                continue
-            timed = [p for p in sweep.get("points", []) if p.get("engine") == engine and _median(p)]
+            timed = _timed(sweep, str(engine), total)
             if not timed:
                 continue
             this = next((p for p in timed if _matches(str(p.get("label", "")), layout)), None)
@@ -129,9 +134,7 @@ def fastest_layout(
     fastest for ``engine``, among that sweep's layouts at its main batch (its fixed layout's: other batches measure the
     batch, not the layout); None when no stored sweep timed any candidate."""
     for sweep in sweeps:
-        if int((sweep.get("conditions") or {}).get("total_envs") or -1) != total_envs:
-            continue
-        timed = [p for p in sweep.get("points", []) if p.get("engine") == engine and _median(p)]
+        timed = _timed(sweep, engine, total_envs)
         fixed = next((p for p in timed if p.get("fixed")), None)
         batch = _batch(str(fixed.get("label", ""))) if fixed else None
         found: dict[str, tuple[str, float]] = {}

@@ -53,20 +53,12 @@ def ray_cluster() -> Iterator[None]:
     """A local Ray on 127.0.0.1 with 2 CPUs, kept up in this test process for the next module that asks for it too.
 
     Starting and stopping one costs 6-8 s here; the engines' adapters join a Ray that is already up (and leave it
-    up), as they join a user's cluster. A module that left actors holding CPUs (its CPUs not all free again within
-    20 s) gets Ray stopped after it, so the next module starts on a clean one. Modules opt in with
-    ``pytestmark = pytest.mark.usefixtures("ray_cluster")``; a test among them that asks for `own_ray` runs with
+    up), as they join a user's cluster. Each test that joins it finds every CPU free (`_ray_as_asked`). Modules opt in
+    with ``pytestmark = pytest.mark.usefixtures("ray_cluster")``; a test among them that asks for `own_ray` runs with
     no Ray up (its engine starts its own), and a test that asks for neither runs without Ray, as it would alone.
     """
-    import ray
-
     _kept_ray_up()
     yield
-    if ray.is_initialized():
-        from ray_state import cpus_free_again
-
-        if not cpus_free_again(timeout_s=20.0):
-            _kept_ray_down()
 
 
 @pytest.fixture

@@ -68,8 +68,9 @@ def resolve(
     if not engines:
         return Resolved(layouts, choices, measured_s)
     sweeps = store.layout_sweeps(spec.env.id)
+    all_trials = spec.trials()
     for workers in spec.execution.workers:
-        trials = {t.engine: t for t in spec.trials() if t.workers == workers and t.engine in engines}
+        trials = {t.engine: t for t in all_trials if t.workers == workers and t.engine in engines}
         total = workers * spec.execution.envs_per_worker
         found = {e: _choose(t, total, sweeps) for e, t in trials.items()}
         missing = [e for e, choice in found.items() if choice is None]
