@@ -1501,6 +1501,7 @@ def bench_e2e_cmd(
             "batched env): one row per engine and layout, IQM wall seconds to target with its 95% CI",
         ),
     ] = False,
+    sets: Sets = None,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
     json_out: JsonOut = None,
@@ -1513,12 +1514,14 @@ def bench_e2e_cmd(
     from crossrl.reports.store import ResultsStore
     from crossrl.scenarios.loader import SpecError, load
 
+    overrides = _overrides(None, None, None, None, sets)
     try:
-        spec, _ = load(scenario)
+        spec, _ = load(scenario, overrides=overrides)
     except SpecError as e:
         _fail(e.problems)
     if spec.target.episode_return_mean is None:
-        _fail([f"bench e2e: {scenario} has no target.episode_return_mean to time; give one with a spec that sets it"])
+        _fail([f"bench e2e: {scenario} has no target.episode_return_mean to time; give one with "
+               "--set target.episode_return_mean=VALUE or a spec that sets it"])  # fmt: skip
     if spec.algorithm.name != "ppo":
         limit = False  # the limit's learner is crossrl's PPO learner
     console = _console()
@@ -1530,6 +1533,7 @@ def bench_e2e_cmd(
         progress=console.print,
         limit=limit,
         sweep=sweep,
+        sets=overrides,
     )
     _emit_bench("e2e", table, print_e2e_table, json_out=json_out, tracking_uri=tracking_uri,
                 results_dir=results_dir, store=True, console=console)  # fmt: skip

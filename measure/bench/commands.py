@@ -292,6 +292,7 @@ def bench_e2e(
     progress: Progress | None = None,
     limit: bool = True,
     sweep: bool = False,
+    sets: dict[str, Any] | None = None,
 ) -> E2ETable:
     """Run ``scenario`` (PPO CartPole-v1 to 450) through the real runner; wall seconds to target per engine.
 
@@ -302,6 +303,8 @@ def bench_e2e(
     engine's k-th other layout in the k-th next run (one run per round, so each round's trials share the machine's
     state of that moment).
 
+    ``sets``: spec fields to override (``--set``: a lower target, a smaller budget), applied before the engines,
+    seeds and stop-at-target the bench sets itself.
     ``store``: a :class:`~crossrl.reports.store.ResultsStore`; None: a throw-away one in a temp folder.
     Wall seconds are the trials' ``wall_s_to_target`` (from the clock start, set-up excluded, and reported apart);
     each trial stops at its target (``budget.stop_at_target``).
@@ -311,7 +314,9 @@ def bench_e2e(
     from crossrl.scenarios.loader import load
 
     # each trial ends at the target: what is measured is the time to reach it, not the rest of the budget
-    overrides: dict[str, Any] = {"engines": list(engines), "seeds": list(seeds), "budget.stop_at_target": True}
+    overrides: dict[str, Any] = {
+        **(sets or {}), "engines": list(engines), "seeds": list(seeds), "budget.stop_at_target": True,
+    }  # fmt: skip
     spec, path = load(scenario, overrides=overrides)
     rounds: list[list[tuple[str, str, dict[str, Any]]]] = [[(e, "", {}) for e in spec.engines]]
     if sweep:
@@ -338,7 +343,8 @@ def bench_e2e(
                 _say(progress, f"layouts round {k + 1} of {len(rounds)}: "
                      + ", ".join(f"{e} {label}" for e, label, _ in round_))  # fmt: skip
             outcome = run_scenario(spec_k, store=st, spec_path=path, skip_unsupported=True, progress=notify,
-                                   command=f"crossrl bench e2e {scenario}" + (" --sweep" if sweep else ""))  # fmt: skip
+                                   command=f"crossrl bench e2e {scenario}" + (" --sweep" if sweep else "")
+                                   + "".join(f" --set {k}={v}" for k, v in (sets or {}).items()))  # fmt: skip
             parent = parent or outcome.parent_id
             table_k = e2e_table(spec_k, outcome)
             for row in table_k.rows:

@@ -198,3 +198,23 @@ def test_max_retries_without_a_fanned_out_sweep_or_below_zero_is_one_line(
     out = CliRunner().invoke(app, ["run", "smoke", "--results-dir", str(tmp_path / "r"), *flags])
     assert out.exit_code == 2 and says in out.output, out.output
     assert not (tmp_path / "r").exists()  # nothing stored
+
+
+@pytest.mark.parametrize(
+    ("sets", "says"),
+    [
+        (["--set", "target.episode_return_mean=null"], "--set target.episode_return_mean=VALUE"),
+        (["--set", "target.episode_return_mean=high"], "target.episode_return_mean"),
+    ],
+)
+def test_bench_e2e_times_to_a_target_given_by_set_and_says_when_there_is_none(
+    sets: list[str], says: str, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from crossrl.cli import app
+
+    out = CliRunner().invoke(app, ["bench", "e2e", "--scenario", "smoke", "--results-dir", str(tmp_path / "r"), *sets])
+    assert out.exit_code == 2 and says in out.output, out.output
+    assert "Traceback" not in out.output
+    assert not (tmp_path / "r").exists()  # nothing run, nothing stored
