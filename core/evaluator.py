@@ -158,20 +158,19 @@ class PolicyEvaluator:
         batch.weights_version = self.weights_version
         return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def start_stream(self, address: dict[str, Any], incarnation: int) -> None:
-        """Connect to the driver's :class:`~crossrl.core.transport.StreamHub` and sample on its grants in a
-        background thread (the ``stream`` transport); returns once connected. Ray calls still reach this actor
-        meanwhile (its main thread stays free)."""
+    def stream(self, address: dict[str, Any], incarnation: int) -> None:
+        """The ``stream`` transport's evaluator end: connect to the driver's :class:`~crossrl.core.transport.StreamHub`
+        and sample on its grants until the driver ends the stream (then return) or goes away.
+
+        It runs on the actor's main thread, as one long call: Ray calls made to the actor meanwhile wait until the
+        stream ends (the driver learns the process id from the connection's hello, :meth:`EvaluatorSet.pids`). Ray
+        wakes an actor's main thread every 10 ms while no call runs on it (its core worker's signal check, which
+        takes the GIL): on a thread of its own, the stream paid for those wake-ups, about 6 ms of CPU per second
+        per actor, 0.2 CPUs for 32 actors (docs/performance.md, "32 workers").
+        """
         node_id = ray.get_runtime_context().get_node_id()
-        conn = tx.connect(address, node_id=node_id, hello=(self.worker_index, incarnation))
-        self._stream_stopped = threading.Event()
-        threading.Thread(
-            target=tx.serve_fragments,
-            args=(conn, self._stream_sample, self._stream_stopped),
-            kwargs={"worker_index": self.worker_index},
-            name="crossrl-stream",
-            daemon=True,
-        ).start()
+        conn = tx.connect(address, node_id=node_id, hello=(self.worker_index, incarnation, os.getpid()))
+        tx.serve_fragments(conn, self._stream_sample, threading.Event(), worker_index=self.worker_index)
 
     def _stream_sample(self, grant: tx.Grant | None, num_steps: int) -> SampleBatch:
         if grant is None:
@@ -236,6 +235,10 @@ class PolicyEvaluator:
 
 
 RemoteEvaluator = ray.remote(num_cpus=1)(PolicyEvaluator)
+
+
+def _getpid(_evaluator: PolicyEvaluator) -> int:
+    return os.getpid()
 
 
 def single_thread(worker_index: int) -> None:
@@ -441,7 +444,7 @@ class EvaluatorSet:
             raise TypeError("launch: the stream carries weights as packed bytes (EvaluatorSet.payload)")
         hub = self._stream_hub()
         if hub.conns[i] is None:
-            self._lost += hub.start([(i, self.remotes[i])], get=ray.get)
+            self._lost += hub.start([(i, self.remotes[i])])
             if i in self._lost:
                 return
         grant = tx.Grant(num_steps, credits, version if weights is not None else None, weights, epsilon)
@@ -494,7 +497,7 @@ class EvaluatorSet:
             self._hub = tx.StreamHub(
                 len(self.remotes), node_ip=ray.util.get_node_ip_address(), node_id=ctx.get_node_id()
             )
-            self._lost += self._hub.start(list(enumerate(self.remotes)), get=ray.get)
+            self._lost += self._hub.start(list(enumerate(self.remotes)))
         return self._hub
 
     def cancel(self) -> None:
@@ -524,6 +527,14 @@ class EvaluatorSet:
             except RayActorError:
                 self.restart(indices[j] if indices is not None else j)
         return out
+
+    def pids(self) -> list[int | None]:
+        """Each remote's process id; None for one that is streaming no more (died, not yet restarted). A streaming
+        evaluator takes no Ray call until its stream ends (:meth:`PolicyEvaluator.stream`): its stream's hello
+        says it."""
+        if self._hub is not None:
+            return list(self._hub.pids)
+        return [int(p) for p in ray.get([r.apply.remote(_getpid) for r in self.remotes])]
 
     def foreach_remote(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every remote and wait; results of actors that died are dropped."""

@@ -32,6 +32,7 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -213,7 +214,7 @@ class StreamHub:
         self._authkey = os.urandom(32)
         self._dir = tempfile.mkdtemp(prefix="crossrl-stream-")
         self._listeners = [Listener(os.path.join(self._dir, "hub"), family="AF_UNIX", authkey=self._authkey)]
-        # what an evaluator needs to connect (sent to it in its start_stream call, over Ray)
+        # what an evaluator needs to connect (sent to it in its stream call, over Ray)
         self.address: dict[str, Any] = {
             "unix": self._listeners[0].address, "tcp": None, "node_id": node_id, "authkey": self._authkey,
         }  # fmt: skip
@@ -221,7 +222,7 @@ class StreamHub:
             tcp = Listener((node_ip, 0), family="AF_INET", authkey=self._authkey)
             self._listeners.append(tcp)
             self.address["tcp"] = tcp.address
-        self._arrivals: queue.Queue[tuple[int, int, Connection]] = queue.Queue()
+        self._arrivals: queue.Queue[tuple[tuple[int, int, int], Connection]] = queue.Queue()
         self._closed = threading.Event()
         for listener in self._listeners:
             threading.Thread(target=self._accept, args=(listener,), name="crossrl-stream-accept", daemon=True).start()
@@ -229,49 +230,62 @@ class StreamHub:
         self.outboxes: list[Outbox | None] = [None] * num_remote
         self.incarnation = [0] * num_remote
         self.outstanding = [0] * num_remote  # fragments granted and not yet received
+        self.pids: list[int | None] = [None] * num_remote  # each connected evaluator's process, from its hello
+        self._streams: list[Any] = [None] * num_remote  # each evaluator's stream call (its ObjectRef)
 
     def _accept(self, listener: Listener) -> None:
         while not self._closed.is_set():
             try:
                 conn = listener.accept()
-                index, incarnation = conn.recv()
+                hello = conn.recv()
             except Exception:  # noqa: BLE001 - a failed handshake or a closed listener
                 if self._closed.is_set():
                     return
                 log.warning("stream transport: a connection failed its handshake; ignored")
                 continue
-            self._arrivals.put((index, incarnation, conn))
+            self._arrivals.put((hello, conn))
 
-    def start(self, actors: Sequence[tuple[int, Any]], *, get: Callable[[Any], Any]) -> list[int]:
-        """Ask each ``(i, actor)`` (remote ``i``, worker index ``i + 1``, a fresh actor) to connect; wait for them.
+    def start(self, actors: Sequence[tuple[int, Any]]) -> list[int]:
+        """Start each ``(i, actor)``'s stream (remote ``i``, worker index ``i + 1``, a fresh actor: its ``stream``
+        call, which lasts as long as the stream) and wait for it to connect.
 
-        ``get`` is ``ray.get``. Returns the ``i`` whose actor died before it connected (``get`` raised
-        ``RayActorError``): the owner restarts those.
+        Returns the ``i`` whose actor died before it connected (its stream call ended with ``RayActorError``): the
+        owner restarts those. Any other error of a stream call before it connected is raised.
         """
+        import ray
+
         refs = {}
         for i, actor in actors:
             self._drop(i)
             self.incarnation[i] += 1
-            refs[i] = actor.start_stream.remote(self.address, self.incarnation[i])
-        failed, waiting = [], set()
-        for i, ref in refs.items():
-            try:
-                get(ref)
-                waiting.add(i)
-            except RayActorError:  # died before it connected: reported, restarted by the owner
-                failed.append(i)
+            refs[i] = self._streams[i] = actor.stream.remote(self.address, self.incarnation[i])
+        failed, waiting = [], set(refs)
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while waiting:
             try:
-                index, incarnation, conn = self._arrivals.get(timeout=CONNECT_TIMEOUT_S)
+                (index, incarnation, pid), conn = self._arrivals.get(timeout=0.2)
             except queue.Empty:
-                raise TimeoutError(
-                    f"stream transport: evaluators {sorted(w + 1 for w in waiting)} did not connect to the driver "
-                    f"within {CONNECT_TIMEOUT_S:.0f} s (address {self.address['unix']} / {self.address['tcp']})"
-                ) from None
+                ended, _ = ray.wait([refs[i] for i in waiting], num_returns=len(waiting), timeout=0)
+                for i in [i for i in waiting if refs[i] in ended]:
+                    waiting.discard(i)
+                    try:
+                        ray.get(refs[i])  # another error of the call is raised as it is
+                    except RayActorError:  # died before it connected: reported, restarted by the owner
+                        failed.append(i)
+                    else:
+                        raise RuntimeError(f"stream transport: evaluator {i + 1} ended its stream before it connected")
+                if waiting and time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"stream transport: evaluators {sorted(w + 1 for w in waiting)} did not connect to the "
+                        f"driver within {CONNECT_TIMEOUT_S:.0f} s (address {self.address['unix']} / "
+                        f"{self.address['tcp']})"
+                    ) from None
+                continue
             i = index - 1
             if i in waiting and incarnation == self.incarnation[i]:
                 self.conns[i] = conn
                 self.outboxes[i] = Outbox(conn)
+                self.pids[i] = pid
                 waiting.discard(i)
             else:
                 conn.close()  # a stale incarnation
@@ -322,6 +336,7 @@ class StreamHub:
         conn, self.conns[i] = self.conns[i], None
         outbox, self.outboxes[i] = self.outboxes[i], None
         self.outstanding[i] = 0
+        self.pids[i] = self._streams[i] = None
         if outbox is not None:
             outbox.close()
         if conn is not None:
@@ -343,9 +358,9 @@ class StreamHub:
 # ---- evaluator side ------------------------------------------------------------------------------------
 
 
-def connect(address: dict[str, Any], *, node_id: str | None, hello: tuple[int, int]) -> Connection:
+def connect(address: dict[str, Any], *, node_id: str | None, hello: tuple[int, int, int]) -> Connection:
     """The evaluator's connection to the hub (its Unix socket on the same node, else its TCP address), with
-    ``hello`` = (worker index, incarnation) sent."""
+    ``hello`` = (worker index, incarnation, process id) sent."""
     if address["tcp"] is None or node_id == address["node_id"]:
         conn = Client(address["unix"], family="AF_UNIX", authkey=address["authkey"])
     else:

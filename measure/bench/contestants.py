@@ -177,15 +177,17 @@ def _pipe_workers(
 def _limit_worker(conn: Connection, env_spec_json: str, model_json: str, num_envs: int, seed: int) -> None:
     """:func:`_raw_worker` acting through the policy network instead of random actions, with no framework.
 
-    The networks crossrl's actor-critic policy has (:func:`crossrl.core.models.build_net` from the same
-    ModelSpec: an actor and a separate critic of the same layers, random weights), one torch thread, under
-    ``torch.inference_mode``, producing what a PPO sampler hands over (actions, log-probabilities, values) the
-    cheapest way known here. Per step, for the whole vector of envs at once: the observations kept in the
-    fragment's buffer (uint8 frames stay uint8), one batched forward pass of the actor on ``torch.from_numpy`` of
-    them (no copy), an action sampled from its logits (Gumbel-max; a Gaussian for ``Box`` actions), then the env
-    step, rewards and flags kept. After the fragment: the log-probabilities from the kept logits, and the critic's
-    values of the fragment's observations in passes of ``VALUE_CHUNK`` frames (crossrl's batching). Replies with
-    the transitions stepped (autoreset steps excluded); nothing else leaves the process.
+    The networks crossrl's actor-critic policy has (:func:`crossrl.core.models.build_net` from the same ModelSpec:
+    an actor and a separate critic of the same layers, random weights), run the cheapest way known here and producing
+    what a PPO sampler hands over (actions, log-probabilities, values). An MLP runs in numpy from the modules' weights
+    (for a few observations a torch call's own overhead is most of its cost: ~30 us against numpy's ~5 us for a
+    64x64 MLP on one CartPole observation); a conv net in torch (one thread, ``torch.inference_mode``, uint8 frames
+    kept uint8, ``torch.from_numpy`` without a copy). Per step, for the whole vector of envs at once: the observations
+    kept in the fragment's buffer, one batched forward pass of the actor, an action sampled from its logits
+    (Gumbel-max on noise drawn once per fragment; a Gaussian for ``Box`` actions), then the env step, rewards and
+    flags kept. After the fragment: the log-probabilities from the kept logits, and the critic's values of the
+    fragment's observations in passes of ``VALUE_CHUNK`` frames (crossrl's batching). Replies with the transitions
+    stepped (autoreset steps excluded); nothing else leaves the process.
     """
     import gymnasium as gym
     import numpy as np
@@ -194,7 +196,7 @@ def _limit_worker(conn: Connection, env_spec_json: str, model_json: str, num_env
     from crossrl.core.actor_critic import VALUE_CHUNK
     from crossrl.core.envs import make_vector_env
     from crossrl.core.models import build_net
-    from crossrl.core.numpy_net import LOG_2PI
+    from crossrl.core.numpy_net import LOG_2PI, np_forward, np_layers
 
     torch.set_num_threads(1)
     spec, model = EnvSpec.model_validate_json(env_spec_json), ModelSpec.model_validate_json(model_json)
@@ -207,12 +209,32 @@ def _limit_worker(conn: Connection, env_spec_json: str, model_json: str, num_env
     torch.manual_seed(seed)
     pi = build_net(obs_shape=obs_shape, out_dim=act_dim, model=model, out_gain=0.01)
     vf = build_net(obs_shape=obs_shape, out_dim=1, model=model, out_gain=1.0)
-    log_std = torch.zeros(act_dim)
+    rng = np.random.default_rng(seed)
+    log_std = np.zeros(act_dim, np.float32)
     low, high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else (None, None)
-    gen = torch.Generator().manual_seed(seed)
 
-    def net_input(x: torch.Tensor) -> torch.Tensor:
-        return x if model.conv else x.reshape(len(x), -1).float()
+    if model.conv:
+
+        def run(net: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+            with torch.inference_mode():
+                out: np.ndarray = net(torch.from_numpy(x)).numpy()
+                return out
+
+        def actor(x: np.ndarray) -> np.ndarray:
+            return run(pi, x)
+
+        def critic(x: np.ndarray) -> np.ndarray:
+            return run(vf, x)[:, 0]
+
+    else:
+        pi_np = np_layers({k: v.numpy() for k, v in pi.state_dict().items()}, "", model.activation)
+        vf_np = np_layers({k: v.numpy() for k, v in vf.state_dict().items()}, "", model.activation)
+
+        def actor(x: np.ndarray) -> np.ndarray:
+            return np_forward(pi_np, x.reshape(len(x), -1).astype(np.float32, copy=False))
+
+        def critic(x: np.ndarray) -> np.ndarray:
+            return np_forward(vf_np, x.reshape(len(x), -1).astype(np.float32, copy=False))[:, 0]
 
     autoreset = np.zeros(num_envs, bool)
     conn.send("ready")
@@ -220,36 +242,35 @@ def _limit_worker(conn: Connection, env_spec_json: str, model_json: str, num_env
         obs_buf = np.empty((k, *np.shape(obs)), np.asarray(obs).dtype)
         rewards = np.empty((k, num_envs), np.float32)
         ended = np.empty((k, num_envs), bool)
+        out = np.empty((k, num_envs, act_dim), np.float32)
+        if discrete:
+            noise = rng.gumbel(size=(k, num_envs, act_dim)).astype(np.float32)
+            actions = np.empty((k, num_envs), np.int64)
+        else:
+            noise = rng.standard_normal((k, num_envs, act_dim), np.float32)
+            actions = np.empty((k, num_envs, act_dim), np.float32)
         count = 0
-        with torch.inference_mode():
-            out = torch.empty(k, num_envs, act_dim)
+        for t in range(k):
+            obs_buf[t] = obs
+            out[t] = actor(obs_buf[t])
             if discrete:
-                noise = torch.empty(k, num_envs, act_dim).exponential_(generator=gen).log_()
-                actions = torch.empty(k, num_envs, dtype=torch.int64)
+                np.argmax(out[t] + noise[t], axis=1, out=actions[t])
+                step_actions: np.ndarray = actions[t]
             else:
-                noise = torch.randn(k, num_envs, act_dim, generator=gen)
-                actions = torch.empty(k, num_envs, act_dim)
-            for t in range(k):
-                obs_buf[t] = obs
-                out[t] = pi(net_input(torch.from_numpy(obs_buf[t])))
-                if discrete:
-                    torch.argmax(out[t] - noise[t], dim=1, out=actions[t])
-                    step_actions: np.ndarray = actions[t].numpy()
-                else:
-                    torch.add(out[t], log_std.exp() * noise[t], out=actions[t])
-                    step_actions = np.clip(actions[t].numpy(), low, high)
-                obs, rewards[t], term, trunc, _ = env.step(step_actions)
-                count += num_envs - int(np.count_nonzero(autoreset))
-                autoreset = ended[t] = term | trunc
-            if discrete:
-                logp = torch.log_softmax(out, dim=-1).gather(-1, actions[..., None])[..., 0]
-            else:
-                logp = (-0.5 * noise**2 - log_std - 0.5 * LOG_2PI).sum(-1)
-            frames = torch.from_numpy(obs_buf.reshape(k * num_envs, *obs_shape))
-            values = torch.cat(
-                [vf(net_input(frames[i : i + VALUE_CHUNK]))[:, 0] for i in range(0, len(frames), VALUE_CHUNK)]
-            )
-            del logp, values  # computed, as a sampler must; nothing leaves the process
+                np.add(out[t], np.exp(log_std) * noise[t], out=actions[t])
+                step_actions = np.clip(actions[t], low, high)
+            obs, rewards[t], term, trunc, _ = env.step(step_actions)
+            count += num_envs - int(np.count_nonzero(autoreset))
+            autoreset = ended[t] = term | trunc
+        if discrete:
+            shifted = out - out.max(-1, keepdims=True)
+            log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+            logp = np.take_along_axis(log_softmax, actions[..., None], -1)[..., 0]
+        else:
+            logp = (-0.5 * noise**2 - log_std - 0.5 * LOG_2PI).sum(-1)
+        frames = obs_buf.reshape(k * num_envs, *obs_shape)
+        values = np.concatenate([critic(frames[i : i + VALUE_CHUNK]) for i in range(0, len(frames), VALUE_CHUNK)])
+        del logp, values  # computed, as a sampler must; nothing leaves the process
         conn.send(count)
     env.close()
 
@@ -264,7 +285,8 @@ def setup_limit(
     info = {
         "vector_env": "crossrl.core.envs.make_vector_env",
         "processes": workers,
-        "policy": "crossrl.core.models.build_net actor per step, critic per fragment; inference_mode, 1 torch thread",
+        "policy": "crossrl.core.models.build_net's weights, actor per step, critic per fragment: numpy for an MLP, "
+        "torch (inference_mode, 1 thread) for a conv net",
     }
     args = (env_spec.model_dump_json(), model.model_dump_json())
     return _pipe_workers(_limit_worker, args, workers, envs_per_worker, fragment, info)
@@ -326,7 +348,7 @@ def setup_crossrl(
         disconnect()
 
     def pids() -> list[int]:
-        return [int(p) for p in ray.get([r.apply.remote(getpid) for r in now["evaluators"].remotes])]
+        return [int(p) for p in now["evaluators"].pids() if p is not None]
 
     info = {
         "optimizer": optimizer,

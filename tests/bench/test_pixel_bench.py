@@ -35,6 +35,13 @@ def test_limit_contestant_acts_for_an_mlp_and_refuses_a_multi_agent_env() -> Non
     c = setup_limit(env_spec=EnvSpec(id="Pendulum-v1"), workers=1, envs_per_worker=2, model=DEFAULT_MODEL, fragment=8)
     try:
         assert c.step() == 16  # Pendulum's episodes last 200 steps: no autoreset step in the first 8
+        assert "numpy for an MLP" in c.info["policy"]
+    finally:
+        c.close()
+    c = setup_limit(env_spec=EnvSpec(id="CartPole-v1"), workers=2, envs_per_worker=2, model=DEFAULT_MODEL, fragment=30)
+    try:  # categorical actions (Gumbel-max on the numpy actor's logits); CartPole's episodes end within 30 steps
+        counts = [c.step() for _ in range(3)]
+        assert all(0 < n <= 2 * 2 * 30 for n in counts) and sum(counts) > 2 * 2 * 30
     finally:
         c.close()
     spread = EnvSpec(id="mpe2:simple_spread_v3", kwargs={"N": 3}, agents="shared")

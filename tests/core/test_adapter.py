@@ -62,15 +62,15 @@ def test_a2c_two_remote_evaluators_reports_common_metrics() -> None:
     check_common_metrics(sink, min_points=4)
 
 
-def kill_and_wait(actor: Any) -> None:
-    """``ray.kill`` the actor and return once its process is gone: the kill itself returns at once, and on a busy
+def kill_and_wait(evaluators: Any, i: int) -> None:
+    """``ray.kill`` remote ``i`` and return once its process is gone: the kill itself returns at once, and on a busy
     machine a run can end before a killed actor's process does (so that no restart was ever needed)."""
-    import os
-
     import psutil
 
-    process = psutil.Process(ray.get(actor.apply.remote(lambda _evaluator: os.getpid())))
-    ray.kill(actor, no_restart=True)
+    pid = evaluators.pids()[i]
+    assert pid is not None
+    process = psutil.Process(pid)
+    ray.kill(evaluators.remotes[i], no_restart=True)
     process.wait(timeout=60)
 
 
@@ -80,7 +80,7 @@ def test_killed_evaluator_is_restarted_and_the_run_finishes(transport: str) -> N
 
     def kill_one(iteration: int, evaluators: Any) -> None:
         if iteration == 1:
-            kill_and_wait(evaluators.remotes[0])
+            kill_and_wait(evaluators, 0)
             killed.append(iteration)
 
     trial = make_trial("ppo", env_steps=4000, train_batch=800, minibatch=400, epochs=1, transport=transport)
@@ -101,7 +101,7 @@ def test_restarts_past_the_budget_fail_the_trial() -> None:
 
     def kill_one(iteration: int, evaluators: Any) -> None:
         if iteration == 1:
-            kill_and_wait(evaluators.remotes[0])
+            kill_and_wait(evaluators, 0)
 
     trial = make_trial("ppo", env_steps=4000, train_batch=800, minibatch=400, epochs=1)
     trial = trial.model_copy(update={"budget": trial.budget.model_copy(update={"max_worker_restarts": 0})})
@@ -115,7 +115,7 @@ def test_killed_evaluator_under_async_sampling_is_restarted(transport: str) -> N
 
     def kill_one(iteration: int, evaluators: Any) -> None:
         if iteration == 1:
-            kill_and_wait(evaluators.remotes[1])
+            kill_and_wait(evaluators, 1)
 
     trial = make_trial("impala", env_steps=4000, train_batch=400, rollout_fragment=25, transport=transport)
     points = check_common_metrics(run(trial, CrossrlAdapter(on_iteration=kill_one)), min_points=3)

@@ -127,7 +127,8 @@ def test_a_streaming_evaluator_that_dies_is_reported_once_and_its_replacement_st
         got: dict[int, Any] = {}
         while len(got) < 2:
             got.update(ev.ready())
-        pid = ray.get(ev.remotes[1].apply.remote(lambda _: os.getpid()))
+        pid = ev.pids()[1]
+        assert pid is not None and pid != os.getpid()
         ray.kill(ev.remotes[1], no_restart=True)
         deadline = time.monotonic() + 30
         while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:

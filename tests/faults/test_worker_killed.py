@@ -83,15 +83,13 @@ def check_survived(sink: ListSink, killed: list[int]) -> list[dict[str, float]]:
 @pytest.mark.integration
 @pytest.mark.usefixtures("ray_cluster")
 def test_crossrl_restarts_a_killed_evaluator() -> None:
-    import ray
-
     from crossrl.adapters.crossrl import CrossrlAdapter
 
     killed: list[int] = []
 
     def kill_evaluator_process(i: int, evaluators: Any) -> None:
         if i == 0:
-            pid = ray.get(evaluators.remotes[0].apply.remote(lambda ev: os.getpid()))
+            pid = evaluators.pids()[0]
             assert pid != os.getpid()
             sigkill(pid)
             killed.append(pid)
