@@ -178,25 +178,24 @@ def _limit_worker(conn: Connection, env_spec_json: str, model_json: str, num_env
     """:func:`_raw_worker` acting through the policy network instead of random actions, with no framework.
 
     The networks crossrl's actor-critic policy has (:func:`crossrl.core.models.build_net` from the same ModelSpec:
-    an actor and a separate critic of the same layers, random weights), run the cheapest way known here and producing
-    what a PPO sampler hands over (actions, log-probabilities, values). An MLP runs in numpy from the modules' weights
-    (for a few observations a torch call's own overhead is most of its cost: ~30 us against numpy's ~5 us for a
-    64x64 MLP on one CartPole observation); a conv net in torch (one thread, ``torch.inference_mode``, uint8 frames
-    kept uint8, ``torch.from_numpy`` without a copy). Per step, for the whole vector of envs at once: the observations
-    kept in the fragment's buffer, one batched forward pass of the actor, an action sampled from its logits
-    (Gumbel-max on noise drawn once per fragment; a Gaussian for ``Box`` actions), then the env step, rewards and
-    flags kept. After the fragment: the log-probabilities from the kept logits, and the critic's values of the
-    fragment's observations in passes of ``VALUE_CHUNK`` frames (crossrl's batching). Replies with the transitions
-    stepped (autoreset steps excluded); nothing else leaves the process.
+    an actor and a separate critic of the same layers, random weights), run the cheapest way known here, producing
+    what a PPO sampler hands over (actions, log-probabilities, values); replies with the transitions stepped
+    (autoreset steps excluded), nothing else leaves the process.
+
+    An MLP acts through crossrl's own numpy acting code (:class:`crossrl.core.numpy_net.NumpyFragmentActor`: per
+    step one forward pass of the actor for every env and a Gumbel-max or Gaussian action on noise drawn once per
+    fragment; after the fragment the log-probabilities and the critic's values), the fastest known here for a few
+    observations (a torch module call costs ~30 us of overhead per step). So the limit is crossrl's sampling without
+    the evaluator's bookkeeping (episode returns, GAE, the batch), the transport, Ray and the driver. A conv net runs
+    in torch (one thread, ``torch.inference_mode``, the module's call on ``torch.from_numpy`` of the frames, uint8
+    kept uint8); the critic's values in passes of ``VALUE_CHUNK`` frames (crossrl's batching).
     """
     import gymnasium as gym
     import numpy as np
     import torch
 
-    from crossrl.core.actor_critic import VALUE_CHUNK
     from crossrl.core.envs import make_vector_env
     from crossrl.core.models import build_net
-    from crossrl.core.numpy_net import LOG_2PI, np_forward, np_layers
 
     torch.set_num_threads(1)
     spec, model = EnvSpec.model_validate_json(env_spec_json), ModelSpec.model_validate_json(model_json)
@@ -206,73 +205,92 @@ def _limit_worker(conn: Connection, env_spec_json: str, model_json: str, num_env
     space = env.single_action_space
     discrete = isinstance(space, gym.spaces.Discrete)
     act_dim = int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape or (1,)))
+    clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     torch.manual_seed(seed)
     pi = build_net(obs_shape=obs_shape, out_dim=act_dim, model=model, out_gain=0.01)
     vf = build_net(obs_shape=obs_shape, out_dim=1, model=model, out_gain=1.0)
     rng = np.random.default_rng(seed)
-    log_std = np.zeros(act_dim, np.float32)
-    low, high = (space.low, space.high) if isinstance(space, gym.spaces.Box) else (None, None)
-
-    if model.conv:
-
-        def run(net: torch.nn.Module, x: np.ndarray) -> np.ndarray:
-            with torch.inference_mode():
-                out: np.ndarray = net(torch.from_numpy(x)).numpy()
-                return out
-
-        def actor(x: np.ndarray) -> np.ndarray:
-            return run(pi, x)
-
-        def critic(x: np.ndarray) -> np.ndarray:
-            return run(vf, x)[:, 0]
-
-    else:
-        pi_np = np_layers({k: v.numpy() for k, v in pi.state_dict().items()}, "", model.activation)
-        vf_np = np_layers({k: v.numpy() for k, v in vf.state_dict().items()}, "", model.activation)
-
-        def actor(x: np.ndarray) -> np.ndarray:
-            return np_forward(pi_np, x.reshape(len(x), -1).astype(np.float32, copy=False))
-
-        def critic(x: np.ndarray) -> np.ndarray:
-            return np_forward(vf_np, x.reshape(len(x), -1).astype(np.float32, copy=False))[:, 0]
-
-    autoreset = np.zeros(num_envs, bool)
+    fragment = _numpy_fragment if not model.conv else _torch_fragment
+    state = {"obs": obs, "autoreset": np.zeros(num_envs, bool)}
     conn.send("ready")
     while (k := conn.recv()) is not None:
-        obs_buf = np.empty((k, *np.shape(obs)), np.asarray(obs).dtype)
-        rewards = np.empty((k, num_envs), np.float32)
-        ended = np.empty((k, num_envs), bool)
-        out = np.empty((k, num_envs, act_dim), np.float32)
+        conn.send(fragment(env, state, pi, vf, k, num_envs, discrete, act_dim, clip, rng, model))
+    env.close()
+
+
+def _numpy_fragment(env: Any, state: dict[str, Any], pi: Any, vf: Any, k: int, num_envs: int, discrete: bool,
+                    act_dim: int, clip: Any, rng: Any, model: ModelSpec) -> int:  # fmt: skip
+    """One fragment of ``k`` steps through crossrl's numpy actor (built once, on the first fragment)."""
+    import numpy as np
+
+    from crossrl.core.numpy_net import NumpyFragmentActor, actor_critic_net
+
+    if "net" not in state:
+        weights = {
+            f"{p}.{key}": v.numpy() for p, net in (("pi", pi), ("vf", vf)) for key, v in net.state_dict().items()
+        }
+        state["net"] = actor_critic_net({**weights, "log_std": np.zeros(act_dim, np.float32)}, model.activation,
+                                        discrete=discrete)  # fmt: skip
+    obs, autoreset = state["obs"], state["autoreset"]
+    act = NumpyFragmentActor(state["net"], obs_dim=int(np.prod(obs.shape[1:])), act_dim=act_dim, discrete=discrete,
+                             rng=rng, num_steps=k, num_envs=num_envs)  # fmt: skip
+    rows = act.obs_rows(obs.dtype, obs.shape)
+    rewards = np.empty((k, num_envs), np.float32)
+    count = 0
+    for t in range(k):
+        if rows is not None:
+            rows[t] = obs
+        actions = act(obs, t)
+        obs, rewards[t], term, trunc, _ = env.step(np.clip(actions, *clip) if clip is not None else actions)
+        count += num_envs - int(np.count_nonzero(autoreset))
+        autoreset = term | trunc
+    act.columns()  # log-probabilities and values, as a sampler must; nothing leaves the process
+    state["obs"], state["autoreset"] = obs, autoreset
+    return count
+
+
+def _torch_fragment(env: Any, state: dict[str, Any], pi: Any, vf: Any, k: int, num_envs: int, discrete: bool,
+                    act_dim: int, clip: Any, rng: Any, model: ModelSpec) -> int:  # fmt: skip
+    """One fragment of ``k`` steps through the torch conv net."""
+    import numpy as np
+    import torch
+
+    from crossrl.core.actor_critic import VALUE_CHUNK
+    from crossrl.core.numpy_net import LOG_2PI
+
+    obs, autoreset = state["obs"], state["autoreset"]
+    obs_buf = np.empty((k, *np.shape(obs)), np.asarray(obs).dtype)
+    rewards = np.empty((k, num_envs), np.float32)
+    count = 0
+    with torch.inference_mode():
+        out = torch.empty(k, num_envs, act_dim)
         if discrete:
-            noise = rng.gumbel(size=(k, num_envs, act_dim)).astype(np.float32)
-            actions = np.empty((k, num_envs), np.int64)
+            noise = torch.from_numpy(rng.gumbel(size=(k, num_envs, act_dim)).astype(np.float32))
+            actions = torch.empty(k, num_envs, dtype=torch.int64)
         else:
-            noise = rng.standard_normal((k, num_envs, act_dim), np.float32)
-            actions = np.empty((k, num_envs, act_dim), np.float32)
-        count = 0
+            noise = torch.from_numpy(rng.standard_normal((k, num_envs, act_dim), np.float32))
+            actions = torch.empty(k, num_envs, act_dim)
         for t in range(k):
             obs_buf[t] = obs
-            out[t] = actor(obs_buf[t])
+            out[t] = pi(torch.from_numpy(obs_buf[t]))
             if discrete:
-                np.argmax(out[t] + noise[t], axis=1, out=actions[t])
-                step_actions: np.ndarray = actions[t]
+                torch.argmax(out[t] + noise[t], dim=1, out=actions[t])
+                step_actions: np.ndarray = actions[t].numpy()
             else:
-                np.add(out[t], np.exp(log_std) * noise[t], out=actions[t])
-                step_actions = np.clip(actions[t], low, high)
+                torch.add(out[t], noise[t], out=actions[t])
+                step_actions = np.clip(actions[t].numpy(), *clip)
             obs, rewards[t], term, trunc, _ = env.step(step_actions)
             count += num_envs - int(np.count_nonzero(autoreset))
-            autoreset = ended[t] = term | trunc
+            autoreset = term | trunc
         if discrete:
-            shifted = out - out.max(-1, keepdims=True)
-            log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
-            logp = np.take_along_axis(log_softmax, actions[..., None], -1)[..., 0]
+            logp = torch.log_softmax(out, dim=-1).gather(-1, actions[..., None])[..., 0]
         else:
-            logp = (-0.5 * noise**2 - log_std - 0.5 * LOG_2PI).sum(-1)
-        frames = obs_buf.reshape(k * num_envs, *obs_shape)
-        values = np.concatenate([critic(frames[i : i + VALUE_CHUNK]) for i in range(0, len(frames), VALUE_CHUNK)])
+            logp = (-0.5 * noise**2 - 0.5 * LOG_2PI).sum(-1)
+        frames = torch.from_numpy(obs_buf.reshape(k * num_envs, *obs_buf.shape[2:]))
+        values = torch.cat([vf(frames[i : i + VALUE_CHUNK])[:, 0] for i in range(0, len(frames), VALUE_CHUNK)])
         del logp, values  # computed, as a sampler must; nothing leaves the process
-        conn.send(count)
-    env.close()
+    state["obs"], state["autoreset"] = obs, autoreset
+    return count
 
 
 def setup_limit(
