@@ -166,7 +166,7 @@ class PolicyEvaluator:
         stream ends (the driver learns the process id from the connection's hello, :meth:`EvaluatorSet.pids`). Ray
         wakes an actor's main thread every 10 ms while no call runs on it (its core worker's signal check, which
         takes the GIL): on a thread of its own, the stream paid for those wake-ups, about 6 ms of CPU per second
-        per actor, 0.2 CPUs for 32 actors (docs/performance.md, "32 workers").
+        per actor, 0.2 CPUs for 32 actors (docs/performance.md, "32 workers on two cores").
         """
         node_id = ray.get_runtime_context().get_node_id()
         conn = tx.connect(address, node_id=node_id, hello=(self.worker_index, incarnation, os.getpid()))

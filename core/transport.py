@@ -231,7 +231,6 @@ class StreamHub:
         self.incarnation = [0] * num_remote
         self.outstanding = [0] * num_remote  # fragments granted and not yet received
         self.pids: list[int | None] = [None] * num_remote  # each connected evaluator's process, from its hello
-        self._streams: list[Any] = [None] * num_remote  # each evaluator's stream call (its ObjectRef)
 
     def _accept(self, listener: Listener) -> None:
         while not self._closed.is_set():
@@ -258,7 +257,7 @@ class StreamHub:
         for i, actor in actors:
             self._drop(i)
             self.incarnation[i] += 1
-            refs[i] = self._streams[i] = actor.stream.remote(self.address, self.incarnation[i])
+            refs[i] = actor.stream.remote(self.address, self.incarnation[i])
         failed, waiting = [], set(refs)
         deadline = time.monotonic() + CONNECT_TIMEOUT_S
         while waiting:
@@ -336,7 +335,7 @@ class StreamHub:
         conn, self.conns[i] = self.conns[i], None
         outbox, self.outboxes[i] = self.outboxes[i], None
         self.outstanding[i] = 0
-        self.pids[i] = self._streams[i] = None
+        self.pids[i] = None
         if outbox is not None:
             outbox.close()
         if conn is not None:
