@@ -205,92 +205,103 @@ def _limit_worker(conn: Connection, env_spec_json: str, model_json: str, num_env
     space = env.single_action_space
     discrete = isinstance(space, gym.spaces.Discrete)
     act_dim = int(space.n) if isinstance(space, gym.spaces.Discrete) else int(np.prod(space.shape or (1,)))
-    clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
     torch.manual_seed(seed)
     pi = build_net(obs_shape=obs_shape, out_dim=act_dim, model=model, out_gain=0.01)
     vf = build_net(obs_shape=obs_shape, out_dim=1, model=model, out_gain=1.0)
-    rng = np.random.default_rng(seed)
-    fragment = _numpy_fragment if not model.conv else _torch_fragment
-    state = {"obs": obs, "autoreset": np.zeros(num_envs, bool)}
+    sampler = _LimitSampler(env, obs, pi, vf, model=model, discrete=discrete, act_dim=act_dim, seed=seed)
     conn.send("ready")
     while (k := conn.recv()) is not None:
-        conn.send(fragment(env, state, pi, vf, k, num_envs, discrete, act_dim, clip, rng, model))
+        conn.send(sampler.fragment(k) if not model.conv else sampler.torch_fragment(k))
     env.close()
 
 
-def _numpy_fragment(env: Any, state: dict[str, Any], pi: Any, vf: Any, k: int, num_envs: int, discrete: bool,
-                    act_dim: int, clip: Any, rng: Any, model: ModelSpec) -> int:  # fmt: skip
-    """One fragment of ``k`` steps through crossrl's numpy actor (built once, on the first fragment)."""
-    import numpy as np
+class _LimitSampler:
+    """The limit's acting state across fragments: the env's last observations and autoreset flags, the nets, the
+    noise generator. :meth:`fragment` acts through crossrl's numpy actor (an MLP), :meth:`torch_fragment` through the
+    torch modules (a conv net); each returns the transitions stepped."""
 
-    from crossrl.core.numpy_net import NumpyFragmentActor, actor_critic_net
+    def __init__(self, env: Any, obs: Any, pi: Any, vf: Any, *, model: ModelSpec, discrete: bool, act_dim: int,
+                 seed: int) -> None:  # fmt: skip
+        import gymnasium as gym
+        import numpy as np
 
-    if "net" not in state:
-        weights = {
-            f"{p}.{key}": v.numpy() for p, net in (("pi", pi), ("vf", vf)) for key, v in net.state_dict().items()
-        }
-        state["net"] = actor_critic_net({**weights, "log_std": np.zeros(act_dim, np.float32)}, model.activation,
-                                        discrete=discrete)  # fmt: skip
-    obs, autoreset = state["obs"], state["autoreset"]
-    act = NumpyFragmentActor(state["net"], obs_dim=int(np.prod(obs.shape[1:])), act_dim=act_dim, discrete=discrete,
-                             rng=rng, num_steps=k, num_envs=num_envs)  # fmt: skip
-    rows = act.obs_rows(obs.dtype, obs.shape)
-    rewards = np.empty((k, num_envs), np.float32)
-    count = 0
-    for t in range(k):
-        if rows is not None:
-            rows[t] = obs
-        actions = act(obs, t)
-        obs, rewards[t], term, trunc, _ = env.step(np.clip(actions, *clip) if clip is not None else actions)
-        count += num_envs - int(np.count_nonzero(autoreset))
-        autoreset = term | trunc
-    act.columns()  # log-probabilities and values, as a sampler must; nothing leaves the process
-    state["obs"], state["autoreset"] = obs, autoreset
-    return count
+        space = env.single_action_space
+        self.env, self.obs, self.pi, self.vf = env, obs, pi, vf
+        self.discrete, self.act_dim, self.num_envs = discrete, act_dim, int(env.num_envs)
+        self.clip = (space.low, space.high) if isinstance(space, gym.spaces.Box) else None
+        self.autoreset = np.zeros(self.num_envs, bool)
+        self.rng = np.random.default_rng(seed)
+        self.net: Any = None
+        if not model.conv:
+            from crossrl.core.numpy_net import actor_critic_net
 
+            weights = {
+                f"{p}.{key}": v.numpy() for p, m in (("pi", pi), ("vf", vf)) for key, v in m.state_dict().items()
+            }
+            weights["log_std"] = np.zeros(act_dim, np.float32)
+            self.net = actor_critic_net(weights, model.activation, discrete=discrete)
 
-def _torch_fragment(env: Any, state: dict[str, Any], pi: Any, vf: Any, k: int, num_envs: int, discrete: bool,
-                    act_dim: int, clip: Any, rng: Any, model: ModelSpec) -> int:  # fmt: skip
-    """One fragment of ``k`` steps through the torch conv net."""
-    import numpy as np
-    import torch
+    def _step(self, actions: Any) -> int:
+        """One env step of every env; the transitions it made (autoreset steps excluded)."""
+        import numpy as np
 
-    from crossrl.core.actor_critic import VALUE_CHUNK
-    from crossrl.core.numpy_net import LOG_2PI
+        clip = self.clip
+        self.obs, _, term, trunc, _ = self.env.step(np.clip(actions, *clip) if clip is not None else actions)
+        count = self.num_envs - int(np.count_nonzero(self.autoreset))
+        self.autoreset = term | trunc
+        return count
 
-    obs, autoreset = state["obs"], state["autoreset"]
-    obs_buf = np.empty((k, *np.shape(obs)), np.asarray(obs).dtype)
-    rewards = np.empty((k, num_envs), np.float32)
-    count = 0
-    with torch.inference_mode():
-        out = torch.empty(k, num_envs, act_dim)
-        if discrete:
-            noise = torch.from_numpy(rng.gumbel(size=(k, num_envs, act_dim)).astype(np.float32))
-            actions = torch.empty(k, num_envs, dtype=torch.int64)
-        else:
-            noise = torch.from_numpy(rng.standard_normal((k, num_envs, act_dim), np.float32))
-            actions = torch.empty(k, num_envs, act_dim)
+    def fragment(self, k: int) -> int:
+        import numpy as np
+
+        from crossrl.core.numpy_net import NumpyFragmentActor
+
+        obs = self.obs
+        act = NumpyFragmentActor(self.net, obs_dim=int(np.prod(obs.shape[1:])), act_dim=self.act_dim,
+                                 discrete=self.discrete, rng=self.rng, num_steps=k, num_envs=self.num_envs)  # fmt: skip
+        rows = act.obs_rows(obs.dtype, obs.shape)
+        count = 0
         for t in range(k):
-            obs_buf[t] = obs
-            out[t] = pi(torch.from_numpy(obs_buf[t]))
-            if discrete:
-                torch.argmax(out[t] + noise[t], dim=1, out=actions[t])
-                step_actions: np.ndarray = actions[t].numpy()
+            if rows is not None:
+                rows[t] = self.obs
+            count += self._step(act(self.obs, t))
+        act.columns()  # log-probabilities and values, as a sampler must; nothing leaves the process
+        return count
+
+    def torch_fragment(self, k: int) -> int:
+        import numpy as np
+        import torch
+
+        from crossrl.core.actor_critic import VALUE_CHUNK
+        from crossrl.core.numpy_net import LOG_2PI
+
+        n, a = self.num_envs, self.act_dim
+        obs_buf = np.empty((k, *np.shape(self.obs)), np.asarray(self.obs).dtype)
+        count = 0
+        with torch.inference_mode():
+            out = torch.empty(k, n, a)
+            if self.discrete:
+                noise = torch.from_numpy(self.rng.gumbel(size=(k, n, a)).astype(np.float32))
+                actions = torch.empty(k, n, dtype=torch.int64)
             else:
-                torch.add(out[t], noise[t], out=actions[t])
-                step_actions = np.clip(actions[t].numpy(), *clip)
-            obs, rewards[t], term, trunc, _ = env.step(step_actions)
-            count += num_envs - int(np.count_nonzero(autoreset))
-            autoreset = term | trunc
-        if discrete:
-            logp = torch.log_softmax(out, dim=-1).gather(-1, actions[..., None])[..., 0]
-        else:
-            logp = (-0.5 * noise**2 - 0.5 * LOG_2PI).sum(-1)
-        frames = torch.from_numpy(obs_buf.reshape(k * num_envs, *obs_buf.shape[2:]))
-        values = torch.cat([vf(frames[i : i + VALUE_CHUNK])[:, 0] for i in range(0, len(frames), VALUE_CHUNK)])
-        del logp, values  # computed, as a sampler must; nothing leaves the process
-    state["obs"], state["autoreset"] = obs, autoreset
-    return count
+                noise = torch.from_numpy(self.rng.standard_normal((k, n, a), np.float32))
+                actions = torch.empty(k, n, a)
+            for t in range(k):
+                obs_buf[t] = self.obs
+                out[t] = self.pi(torch.from_numpy(obs_buf[t]))
+                if self.discrete:
+                    torch.argmax(out[t] + noise[t], dim=1, out=actions[t])
+                else:
+                    torch.add(out[t], noise[t], out=actions[t])
+                count += self._step(actions[t].numpy())
+            if self.discrete:
+                logp = torch.log_softmax(out, dim=-1).gather(-1, actions[..., None])[..., 0]
+            else:
+                logp = (-0.5 * noise**2 - 0.5 * LOG_2PI).sum(-1)
+            frames = torch.from_numpy(obs_buf.reshape(k * n, *obs_buf.shape[2:]))
+            values = torch.cat([self.vf(frames[i : i + VALUE_CHUNK])[:, 0] for i in range(0, len(frames), VALUE_CHUNK)])
+            del logp, values  # computed, as a sampler must; nothing leaves the process
+        return count
 
 
 def setup_limit(
