@@ -146,7 +146,7 @@ class CrossrlAdapter:
             running_opt = optimizer
 
             def save(folder: Path) -> dict[str, Any]:
-                return save_state(running_opt, folder)
+                return save_state(running_opt, folder, replay=trial.checkpoint.replay_buffer)
 
             sink.start_clock()
             iteration = 0
@@ -182,14 +182,17 @@ class CrossrlAdapter:
 STATE_FILE = "core.pkl"
 
 
-def save_state(optimizer: PolicyOptimizer, folder: Path) -> dict[str, Any]:
-    """The optimizer's whole state (:meth:`~crossrl.core.optimizers.base.PolicyOptimizer.get_state`) in one pickle."""
-    state = optimizer.get_state()
+def save_state(optimizer: PolicyOptimizer, folder: Path, *, replay: bool = True) -> dict[str, Any]:
+    """The optimizer's whole state (:meth:`~crossrl.core.optimizers.base.PolicyOptimizer.get_state`) in one pickle;
+    ``replay=False``: without its replay buffer (``checkpoint.replay_buffer: false``)."""
+    state = optimizer.get_state(replay=replay)
     with open(folder / STATE_FILE, "wb") as f:
         pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
     held = ["policy weights", "Adam moments", "policy RNG", "env-step counters"]
+    if state.get("buffer") is not None or state.get("shards") is not None:
+        held.append("replay buffer")
     if "buffer" in state or "shards" in state:
-        held += ["replay buffer", "target-network sync step"]
+        held.append("target-network sync step")
     if "version" in state:
         held.append("learner weight version")
     return {"crossrl": f"{optimizer.name}.get_state", "holds": held}

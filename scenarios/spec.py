@@ -607,6 +607,14 @@ class CheckpointSpec(BaseModel):
         default=True,
         description="write one more when the trial ends FINISHED (what `crossrl evaluate` reloads)",
     )
+    replay_buffer: bool = Field(
+        default=True,
+        description=(
+            "sac: keep the replay buffer in checkpoints; false writes smaller, faster ones, and a trial resumed from "
+            "one starts with an empty buffer, acts with its restored policy and makes no update until the buffer "
+            "again holds learning_starts transitions"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -864,6 +872,12 @@ class ScenarioSpec(BaseModel):
     @model_validator(mode="after")
     def _sections_agree(self) -> ScenarioSpec:
         problems = cross_field_problems(env=self.env, algorithm=self.algorithm, execution=self.execution)
+        if not self.checkpoint.replay_buffer and self.algorithm.name != "sac":
+            problems.append(
+                f"checkpoint.replay_buffer: false applies to sac only ({self.algorithm.name} keeps "
+                f"{'its replay buffer' if self.algorithm.name in ('dqn', 'apex') else 'no replay buffer'} in every "
+                "checkpoint): remove it or set it to true"
+            )
         if self.search is not None:
             problems += search_problems(self.search, algorithm=self.algorithm, target=self.target)
         if problems:

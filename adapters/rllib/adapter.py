@@ -704,12 +704,12 @@ class StepOffsets:
         return out
 
 
-def save_engine(algo: Any, folder: Path, *, algorithm: str = "") -> dict[str, Any]:
+def save_engine(algo: Any, folder: Path, *, algorithm: str = "", replay: bool = True) -> dict[str, Any]:
     """The algorithm's whole training state into ``folder`` (the sink's ``save``): RLlib's ``save_to_path``
     (``learner_group/``: the RLModules, target networks included, and the optimizers' state; ``env_runner/``: the
     connector states; ``algorithm_state.pkl``: the metrics logger with the lifetime counters, the training
-    iteration), DQN's and SAC's replay buffer (:data:`REPLAY_FILE`) and SAC's temperature (:data:`ALPHA_FILE`).
-    Returns what it holds."""
+    iteration), DQN's and SAC's replay buffer (:data:`REPLAY_FILE`; not when ``replay`` is False:
+    ``checkpoint.replay_buffer: false``) and SAC's temperature (:data:`ALPHA_FILE`). Returns what it holds."""
     from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
 
     folder = Path(folder).resolve()  # pyarrow (RLlib's file system layer) refuses relative paths
@@ -721,7 +721,7 @@ def save_engine(algo: Any, folder: Path, *, algorithm: str = "") -> dict[str, An
         "rllib_training_iteration": int(algo.iteration),
     }
     buffer = getattr(algo, "local_replay_buffer", None)
-    if buffer is not None:
+    if buffer is not None and replay:
         with open(folder / REPLAY_FILE, "wb") as f:
             pickle.dump(buffer.get_state(), f, protocol=pickle.HIGHEST_PROTOCOL)
         described |= {"replay_buffer": REPLAY_FILE, "replay_env_steps": int(buffer.get_num_timesteps())}
@@ -814,6 +814,8 @@ def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None) ->
         with open(path / REPLAY_FILE, "rb") as f:
             buffer.set_state(pickle.load(f))
         done["replay_env_steps"] = int(buffer.get_num_timesteps())
+    elif buffer is not None and hasattr(algo, "refill"):  # SAC saved without its buffer: refill it first
+        done["refill_env_steps"] = algo.refill()
     if (path / ALPHA_FILE).is_file():
         from crossrl.adapters.rllib.sac import set_log_alpha
 
@@ -979,7 +981,9 @@ class RllibAdapter:
             sink.tags(engine_version=ray.__version__, rllib_resources=plan.note, layout=layout_label(trial), **cluster)
             sink.native_config(native)
             built = algo
-            save = functools.partial(save_engine, built, algorithm=trial.algorithm)
+            save = functools.partial(
+                save_engine, built, algorithm=trial.algorithm, replay=trial.checkpoint.replay_buffer
+            )
             iteration = 0
             while not sink.exhausted:
                 sink.point(**offsets.apply(to_point(algo.train())))

@@ -86,6 +86,18 @@ class SACUniformWarmup(SAC):  # type: ignore[misc]
     episode that does. The episodes in flight at the switch end there as cut (truncated) ones, as at a checkpoint."""
 
     _warming = True
+    _refill = 0  # after a restore without the replay buffer: no update until it holds this many env steps again
+
+    def refill(self) -> int:
+        """After a restore from a checkpoint without the replay buffer (``checkpoint.replay_buffer: false``): the
+        env runners act with the restored policy and no update is made until the buffer holds
+        ``num_steps_sampled_before_learning_starts`` env steps again (or its capacity). Returns that count."""
+        algo: Any = self
+        self._refill = min(
+            int(algo.config.num_steps_sampled_before_learning_starts),
+            int(algo.config.replay_buffer_config["capacity"]),
+        )
+        return self._refill
 
     def training_step(self) -> Any:
         algo: Any = self  # RLlib types its attributes Optional; here they are all set
@@ -94,13 +106,21 @@ class SACUniformWarmup(SAC):  # type: ignore[misc]
             if self._warming:
                 algo.env_runner_group.foreach_env_runner(_start_afresh, local_env_runner=True)
                 self._warming = False
-            return super().training_step()
+            if algo.local_replay_buffer.get_num_timesteps() >= self._refill:
+                return super().training_step()
+            return self._sample_into_buffer(random_actions=False)
+        return self._sample_into_buffer(random_actions=True)
+
+    def _sample_into_buffer(self, *, random_actions: bool) -> None:
+        """One round of sampling into the replay buffer, no update: uniformly random actions (the warm-up) or the
+        policy's (a refill)."""
+        algo: Any = self
         with algo.metrics.log_time((TIMERS, ENV_RUNNER_SAMPLING_TIMER)):
             sampled_out: Any = synchronous_parallel_sample(
                 worker_set=algo.env_runner_group,
                 concat=True,
                 sample_timeout_s=algo.config.sample_timeout_s,
-                random_actions=True,
+                random_actions=random_actions,
                 _uses_new_env_runners=True,
                 _return_metrics=True,
             )

@@ -700,6 +700,8 @@ class SACLearner:
         self._sampled = 0
         self._owed = 0.0  # replayed transitions owed under updates_per_step x train_batch per env step (carried)
         self.updates = 0
+        # after a restore without the replay buffer: no update until it holds this many transitions again
+        self.refill = 0
         self.always_sync = False  # the policy changes only when it trains
         # batches of a few env steps: a point per this many env steps at the least (crossrl's replay optimizers' 1000)
         self.point_env_steps = int(CROSSRL_SETTINGS["sac"]["steps_per_iteration"])
@@ -710,7 +712,7 @@ class SACLearner:
         frames = data.numel()
         self._sampled += frames
         self.buffer.extend(data.reshape(-1).select(*SAC_REPLAY_KEYS))
-        if self._sampled < self.learning_starts:
+        if self._sampled < self.learning_starts or len(self.buffer) < self.refill:
             return 0, self.diagnostics()
         self._owed += frames * self.updates_per_step * self.batch_size
         stats: list[dict[str, float]] = []
@@ -794,14 +796,23 @@ class SACLearner:
     def save(self, folder: Path) -> dict[str, Any]:
         """The learner's whole state into ``folder``: :meth:`state_dict` and the replay buffer, saved too
         (``ReplayBuffer.dumps``: :data:`SAC_REPLAY_KEYS` over the whole pre-allocated capacity, memory-mapped, and
-        the writer's cursor), so a resumed trial trains on the transitions it had."""
-        files = save_with_replay(folder, self.state_dict(), self.buffer)
+        the writer's cursor), so a resumed trial trains on the transitions it had; without the buffer when
+        ``checkpoint.replay_buffer`` is false."""
+        if self.trial.checkpoint.replay_buffer:
+            files = save_with_replay(folder, self.state_dict(), self.buffer)
+        else:
+            save_state(folder, self.state_dict())
+            files = [LEARNER_FILE]
         return {"learner": type(self).__name__, "algorithm": self.algo, "updates": self.updates,
-                "replay_size": len(self.buffer), "alpha": float(self.loss.log_alpha.detach().exp()),
-                "files": files}  # fmt: skip
+                "replay_size": len(self.buffer) if self.trial.checkpoint.replay_buffer else 0,
+                "alpha": float(self.loss.log_alpha.detach().exp()), "files": files}  # fmt: skip
 
     def restore(self, folder: Path, *, replay: bool = True) -> None:
+        """Back to :meth:`save`'s state; a checkpoint saved without the buffer leaves it empty, and no update is made
+        until it holds ``learning_starts`` transitions again (sampled with the restored policy)."""
         restore_with_replay(self, folder, replay=replay)
+        if replay and not (Path(folder) / REPLAY_DIR).is_dir():
+            self.refill = min(self.learning_starts, int(self.trial.hp("buffer_size")))
 
     def native(self) -> dict[str, Any]:
         settings = CROSSRL_SETTINGS["sac"]

@@ -152,6 +152,10 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         self._sgd_steps = 0
         self._stop = threading.Event()
         self._sampled = 0  # env steps sampled (shared with the learner thread)
+        # After a resume from a checkpoint without the shards: no training until this env step, and the training
+        # the refill's env steps would have owed under replay_ratio, never owed.
+        self._refill_until = 0
+        self._skipped = 0.0
         self._trained = 0  # env steps trained, written by the learner thread
         self._trained_reported = 0  # env steps trained that step() has reported
         self._learn_stats: list[dict[str, float]] = []
@@ -198,9 +202,9 @@ class AsyncReplayOptimizer(PolicyOptimizer):
 
     def _owed_locked(self) -> float:
         """Transitions the learner may still train on under ``replay_ratio`` (caller holds the lock)."""
-        if self._sampled < int(self.hp["learning_starts"]):
+        if self._sampled < max(int(self.hp["learning_starts"]), self._refill_until):
             return 0.0
-        return self.policy.replay_ratio * self._sampled - self._trained
+        return self.policy.replay_ratio * self._sampled - self._trained - self._skipped
 
     def step(self) -> StepStats:
         if not self._learner.is_alive() and self._learner.ident is None:
@@ -301,27 +305,35 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         with self._policy_lock:  # the learner thread waits between two SGD steps
             yield
 
-    def _own_state(self) -> dict[str, Any]:
-        """Every replay shard's buffer (transitions and priorities), the sampled count the replay ratio reads, the
-        learner's target-sync and SGD-step counters. Sample requests in flight are not part of it."""
+    def _own_state(self, *, replay: bool = True) -> dict[str, Any]:
+        """Every replay shard's buffer (transitions and priorities; None when not ``replay``), the sampled count the
+        replay ratio reads, the learner's target-sync and SGD-step counters. Sample requests in flight are not part
+        of it."""
         with self._lock:
-            sampled, trained = self._sampled, self._trained
+            sampled, trained, skipped = self._sampled, self._trained, self._skipped
         return {
-            "shards": ray.get([shard.get_state.remote() for shard in self.shards]),
+            "shards": ray.get([shard.get_state.remote() for shard in self.shards]) if replay else None,
             "sampled": sampled,
             "trained": trained,
+            "skipped": skipped,
             "last_target_sync": self._last_target_sync,
             "sgd_steps": self._sgd_steps,
         }
 
     def _set_own_state(self, state: Mapping[str, Any]) -> None:
-        if len(state["shards"]) != len(self.shards):
-            raise ValueError(f"a checkpoint of {len(state['shards'])} replay shards cannot restore {len(self.shards)}")
-        ray.get([shard.set_state.remote(buf) for shard, buf in zip(self.shards, state["shards"], strict=True)])
+        shards = state["shards"]
+        if shards is not None and len(shards) != len(self.shards):
+            raise ValueError(f"a checkpoint of {len(shards)} replay shards cannot restore {len(self.shards)}")
+        if shards is not None:
+            ray.get([shard.set_state.remote(buf) for shard, buf in zip(self.shards, shards, strict=True)])
         self._last_target_sync, self._sgd_steps = int(state["last_target_sync"]), int(state["sgd_steps"])
         ref = ray.put(self.policy.acting_weights())
         with self._lock:
             self._sampled, self._trained = int(state["sampled"]), int(state["trained"])
+            self._skipped = float(state.get("skipped", 0.0))
+            if shards is None:  # saved without them: the empty shards refill with the restored policy first
+                self._refill_until = self._sampled + int(self.hp["learning_starts"])
+                self._skipped += self.policy.replay_ratio * int(self.hp["learning_starts"])
             self._trained_reported = self._trained
             self._weights_ref, self._weights_version = ref, self._weights_version + 1
 

@@ -101,7 +101,7 @@ class AsyncSamplesOptimizer(PolicyOptimizer):
         with self.learner.lock:  # between two learner updates; fragments queued for it are not part of the state
             yield
 
-    def _own_state(self) -> dict[str, Any]:
+    def _own_state(self, *, replay: bool = True) -> dict[str, Any]:  # noqa: ARG002 - no replay here
         return {"version": self.learner.version}
 
     def _set_own_state(self, state: Mapping[str, Any]) -> None:

@@ -71,17 +71,18 @@ class PolicyOptimizer(abc.ABC):
     def stop(self) -> None:
         """Stop background threads and in-flight work (the evaluator set is stopped by its owner)."""
 
-    def get_state(self) -> dict[str, Any]:
+    def get_state(self, *, replay: bool = True) -> dict[str, Any]:
         """What training continues from after a restart (a checkpoint; called between steps): the counters, the
         learning policy's state (:meth:`~crossrl.core.policy.Policy.get_state`) and the optimizer's own
-        (:meth:`_own_state`: a replay buffer, a target-sync counter), taken together under :meth:`_paused`."""
+        (:meth:`_own_state`: a replay buffer, a target-sync counter), taken together under :meth:`_paused`.
+        ``replay=False``: the replay buffer left out (None in its place; ``checkpoint.replay_buffer: false``)."""
         with self._paused():
             return {
                 "optimizer": self.name,
                 "num_steps_sampled": self.num_steps_sampled,
                 "num_steps_trained": self.num_steps_trained,
                 "policy": self.evaluators.local.policy.get_state(),
-                **self._own_state(),
+                **self._own_state(replay=replay),
             }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -100,7 +101,7 @@ class PolicyOptimizer(abc.ABC):
         """Holds a background learner (if any) between its updates."""
         yield
 
-    def _own_state(self) -> dict[str, Any]:
+    def _own_state(self, *, replay: bool = True) -> dict[str, Any]:  # noqa: ARG002 - a replay optimizer's switch
         return {}
 
     def _set_own_state(self, state: Mapping[str, Any]) -> None:

@@ -71,6 +71,8 @@ class SyncReplayOptimizer(PolicyOptimizer):
         self._last_target_sync = 0
         self._updates = 0  # gradient updates made
         self._weights_dirty = True
+        # After a resume from a checkpoint without the buffer: no update until the buffer holds this many again.
+        self._refill = 0
 
     def epsilon(self, env_steps: int | None = None) -> float:
         """The exploration epsilon after ``env_steps`` env steps sampled (default: so far)."""
@@ -110,7 +112,7 @@ class SyncReplayOptimizer(PolicyOptimizer):
             new += batch.num_env_steps()
         sampled = sampled_before + new
         out: list[dict[str, float]] = []
-        if sampled < int(self.hp["learning_starts"]):
+        if sampled < int(self.hp["learning_starts"]) or len(self.buffer) < self._refill:
             return out
         self._owed += self.policy.replay_ratio * new
         with self.timer(M.TIME_LEARN_S):
@@ -127,18 +129,21 @@ class SyncReplayOptimizer(PolicyOptimizer):
                 self._weights_dirty = True
         return out
 
-    def _own_state(self) -> dict[str, Any]:
-        """The replay buffer (its transitions, priorities, insertion count and sampling generator), the training owed
-        under ``replay_ratio`` and the env step of the last target-network sync."""
+    def _own_state(self, *, replay: bool = True) -> dict[str, Any]:
+        """The replay buffer (its transitions, priorities, insertion count and sampling generator; None when not
+        ``replay``), the training owed under ``replay_ratio`` and the env step of the last target-network sync."""
         return {
-            "buffer": self.buffer,
+            "buffer": self.buffer if replay else None,
             "owed": self._owed,
             "last_target_sync": self._last_target_sync,
             "updates": self._updates,
         }
 
     def _set_own_state(self, state: Mapping[str, Any]) -> None:
-        self.buffer = state["buffer"]
+        if state["buffer"] is None:  # saved without it: refill an empty one with the restored policy first
+            self._refill = min(int(self.hp["learning_starts"]), self.buffer.capacity)
+        else:
+            self.buffer = state["buffer"]
         self._owed, self._last_target_sync = float(state["owed"]), int(state["last_target_sync"])
         self._updates = int(state.get("updates", 0))
         self._weights_dirty = True

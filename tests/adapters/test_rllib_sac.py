@@ -27,7 +27,9 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 TINY = {"train_batch": 32, "learning_starts": 300, "updates_per_step": 0.25, "buffer_size": 5000}
 
 
-def make_trial(*, env_steps: int = 2000, hidden: tuple[int, ...] = (16, 16), **hp: Any) -> Trial:
+def make_trial(
+    *, env_steps: int = 2000, hidden: tuple[int, ...] = (16, 16), replay_buffer: bool = True, **hp: Any
+) -> Trial:
     spec = ScenarioSpec.model_validate(
         {
             "name": "rllib-sac-test",
@@ -36,7 +38,7 @@ def make_trial(*, env_steps: int = 2000, hidden: tuple[int, ...] = (16, 16), **h
             "engines": ["rllib"],
             "execution": {"workers": [1], "envs_per_worker": 1},
             "budget": {"env_steps": env_steps},
-            "checkpoint": {"every_env_steps": 1000},
+            "checkpoint": {"every_env_steps": 1000, "replay_buffer": replay_buffer},
             "seeds": [2],
         }
     )
@@ -175,3 +177,27 @@ def test_a_resume_goes_on_from_the_checkpoints_buffer_and_temperature(ran: Ran, 
     # so one restarted at 1.0 would still be above exp(-0.25) = 0.78 > the saved value
     assert saved_alpha < 0.75 and seen and seen[0] < saved_alpha
     assert points[0][M.DIAG_REPLAY_SIZE] >= step  # the buffer came back
+
+
+@pytest.mark.system  # two more RLlib runs
+def test_a_checkpoint_without_the_buffer_refills_it_before_training(ray_cluster: None, tmp_path: Path) -> None:
+    """checkpoint.replay_buffer: false: no replay file in the checkpoints; a resumed trial's buffer starts empty and
+    no update is made until it holds learning_starts (300) env steps again: 0.25 updates per env step after that."""
+    trial = make_trial(env_steps=1000, replay_buffer=False).model_copy(update={"checkpoint_dir": str(tmp_path / "ck")})
+    R.RllibAdapter().run(trial, ListSink(trial))
+    folder, step = newest(tmp_path / "ck")
+    engine = folder / checkpoints.ENGINE_DIR
+    assert not (engine / R.REPLAY_FILE).exists() and (engine / R.ALPHA_FILE).is_file()
+    saved = checkpoints.read_meta(folder)["engine_state"]
+    assert "replay_buffer" not in saved
+    resumed = make_trial(env_steps=step + 1000, replay_buffer=False).model_copy(
+        update={"checkpoint_dir": str(tmp_path / "ck2"), "resume_from": str(folder)}
+    )
+    sink = ListSink(resumed)
+    R.RllibAdapter().run(resumed, sink)
+    last = sink.points[-1]
+    sampled = last[M.ENV_STEPS_SAMPLED] - step
+    # the buffer started empty (RLlib's replay size is a mean over the iteration: kept, it would be >= step)
+    assert last[M.DIAG_REPLAY_SIZE] < step
+    trained = checkpoints.read_meta(folder)["env_steps_trained"]
+    assert (last[M.ENV_STEPS_TRAINED] - trained) / 32 == pytest.approx(0.25 * (sampled - 300), rel=0.1)

@@ -54,7 +54,9 @@ BATCH = 32
 HIDDEN = [16, 16]
 
 
-def make_trial(*, env: dict[str, Any] | None = None, budget: int = BUDGET, **hp: Any) -> Trial:
+def make_trial(
+    *, env: dict[str, Any] | None = None, budget: int = BUDGET, replay_buffer: bool = True, **hp: Any
+) -> Trial:
     spec = ScenarioSpec.model_validate(
         {
             "name": "torchrl-sac-test",
@@ -68,7 +70,7 @@ def make_trial(*, env: dict[str, Any] | None = None, budget: int = BUDGET, **hp:
             "execution": {"workers": [1], "envs_per_worker": 1},
             "budget": {"env_steps": budget},
             "seeds": [3],
-            "checkpoint": {"every_env_steps": EVERY},
+            "checkpoint": {"every_env_steps": EVERY, "replay_buffer": replay_buffer},
         }
     )
     (trial,) = spec.trials()
@@ -279,6 +281,24 @@ def test_sac_resumes_from_its_checkpoint(sac: Run, tmp_path: Path) -> None:
     # the point's alpha is the mean over its 50 updates, the first of which starts from the saved one
     assert points[0][M.DIAG_ALPHA] == pytest.approx(read_meta(first)["engine_state"]["alpha"], rel=0.05)
     assert points[0][M.ENV_STEPS_TRAINED] == read_meta(first)["env_steps_trained"] + POINT * BATCH
+
+
+def test_a_checkpoint_without_the_buffer_refills_it_before_training(tmp_path: Path) -> None:
+    """checkpoint.replay_buffer: false: the checkpoints hold no replay buffer; a trial resumed from one starts with
+    an empty buffer, acts with the restored policy and makes no update until it holds learning_starts transitions."""
+    trial = make_trial(replay_buffer=False).model_copy(update={"checkpoint_dir": str(tmp_path / "ck")})
+    ran = run_trial(trial)
+    first = ran.folders[0]
+    assert not (first / ENGINE_DIR / REPLAY_DIR).exists() and read_meta(first)["engine_state"]["replay_size"] == 0
+    saved = read_meta(first)["engine_state"]["updates"]
+    resumed = run_trial(trial.model_copy(update={"resume_from": str(first), "checkpoint_dir": str(tmp_path / "ck2")}))
+    points = resumed.sink.points
+    assert native_config(resumed.sink)["collector"]["kwargs"]["init_random_frames"] == 0  # the policy acts
+    assert [p[M.DIAG_REPLAY_SIZE] for p in points[:2]] == [POINT, 2 * POINT]
+    # nothing trained while the buffer held fewer than learning_starts (100); from the batch that fills it, one
+    # update per env step again
+    assert points[0][M.DIAG_UPDATES] == saved and points[1][M.DIAG_UPDATES] == saved + 1
+    assert points[-1][M.DIAG_UPDATES] == saved + (BUDGET - EVERY - LEARNING_STARTS) + 1
 
 
 def test_random_actions_left_for_a_resumed_trial() -> None:

@@ -155,3 +155,50 @@ def test_sac_under_both_replay_optimizers_trains_and_survives_a_killed_evaluator
         assert updates > 0
     native = next(m for m in sink.messages if m["kind"] == "native_config")
     assert native["config"]["policy_cls"] == "SACPolicy"
+
+
+def test_sac_async_replay_state_without_its_shards_refills_them_before_training() -> None:
+    """checkpoint.replay_buffer: false under async_replay: the state holds no shards; restored, the shards start
+    empty, nothing is owed to the learner until learning_starts more env steps were sampled, and then only what was
+    owed at the checkpoint plus the new steps' share (the refill's own steps owe nothing)."""
+    from crossrl.core.sac_policy import SACPolicy
+
+    trial = pendulum_sac(optimizer="async_replay", env_steps=1)
+    hp = {**algorithms.load("sac").hyperparams(trial.hyperparams), "steps_per_iteration": 300}
+
+    def optimizer() -> tuple[AsyncReplayOptimizer, EvaluatorSet]:
+        evaluators = EvaluatorSet(
+            env_spec=trial.env,
+            num_envs=2,
+            policy_factory=PolicySpec(policy_cls=SACPolicy, hyperparams=hp, model=trial.model),
+            num_remote=1,
+            seed=0,
+        )
+        return AsyncReplayOptimizer(evaluators, hyperparams=hp), evaluators
+
+    first, first_evs = optimizer()
+    try:
+        for _ in range(2):
+            first.step()
+        state = first.get_state(replay=False)
+    finally:
+        first.stop()
+        first_evs.stop()
+    assert state["shards"] is None and state["sampled"] >= 600
+    second, second_evs = optimizer()
+    try:
+        second.set_state(state)
+        ratio = second.policy.replay_ratio  # updates_per_step 0.5 x train_batch 32 transitions per env step
+        owed_at_checkpoint = ratio * state["sampled"] - state["trained"]
+        assert sum(second.replay_sizes()) < 100  # only the first sample task's steps (kept: 600 and more)
+        with second._lock:
+            assert second._owed_locked() == 0.0
+            second._sampled += 199  # one short of learning_starts sampled since the restore
+            assert second._owed_locked() == 0.0
+            second._sampled += 1
+            assert second._owed_locked() == pytest.approx(owed_at_checkpoint)
+            second._sampled += 10
+            assert second._owed_locked() == pytest.approx(owed_at_checkpoint + 10 * ratio)
+    finally:
+        second.stop()
+        second_evs.stop()

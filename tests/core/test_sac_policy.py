@@ -217,3 +217,42 @@ def test_sac_learns_pendulum_steps_under_sync_replay_with_random_actions_first()
     assert np.isfinite(last.values[M.VALUE_LOSS]) and M.DIAG_ALPHA in last.values
     state = opt.get_state()
     assert state["updates"] == last.values[M.DIAG_UPDATES]
+
+
+def test_a_state_without_the_buffer_refills_it_with_the_policy_before_training() -> None:
+    """``get_state(replay=False)`` (checkpoint.replay_buffer: false) leaves the buffer out; an optimizer restored from
+    it starts with an empty buffer, acts with the restored policy (epsilon 0) and makes no update until the buffer
+    holds learning_starts transitions again; then one per env step, as before."""
+    hp = resolved(train_batch=32, learning_starts=200, steps_per_iteration=100, buffer_size=10_000)
+
+    def optimizer() -> SyncReplayOptimizer:
+        evaluators = EvaluatorSet(
+            env_spec=EnvSpec(id="Pendulum-v1", actions="unit"),
+            num_envs=1,
+            policy_factory=PolicySpec(policy_cls=SACPolicy, hyperparams=hp, model=ModelSpec(hidden=(16, 16))),
+            num_remote=0,
+            seed=0,
+            local_num_envs=2,
+        )
+        return SyncReplayOptimizer(evaluators, hyperparams=hp)
+
+    first = optimizer()
+    for _ in range(3):
+        first.step()
+    kept, dropped = first.get_state(), first.get_state(replay=False)
+    assert len(kept["buffer"]) == first.num_steps_sampled and dropped["buffer"] is None
+    assert dropped["updates"] == kept["updates"] > 0
+
+    second = optimizer()
+    second.set_state(dropped)
+    updates = int(dropped["updates"])
+    refill = second.step()  # 100 env steps into the empty buffer: no update
+    assert refill.values[M.DIAG_REPLAY_SIZE] == 100 and refill.values[M.DIAG_UPDATES] == updates
+    assert refill.values[M.DIAG_EPSILON] == 0.0  # the restored policy acts: no uniform warm-up again
+    second.step()  # the buffer reaches 200 in this step's last round: that round's 2 env steps train
+    after = second.step()
+    assert after.values[M.DIAG_REPLAY_SIZE] == 300
+    assert after.values[M.DIAG_UPDATES] == updates + 102
+    restored = optimizer()
+    restored.set_state(kept)  # with the buffer: training goes on at once
+    assert restored.step().values[M.DIAG_UPDATES] == updates + 100

@@ -165,6 +165,24 @@ def test_one_interval_alone_or_both_whichever_passes_first() -> None:
     assert (both.every_env_steps, both.every_seconds) == (5000, 60)
 
 
+@pytest.mark.parametrize("algorithm", ["ppo", "dqn"])
+def test_leaving_the_replay_buffer_out_is_for_sac_only(algorithm: str) -> None:
+    """checkpoint.replay_buffer: false (sac's checkpoints without the buffer) on another algorithm names the field."""
+    raw = {
+        "name": "x",
+        "env": {"id": "CartPole-v1"},
+        "algorithm": {"name": algorithm},
+        "engines": ["crossrl"],
+        "budget": {"env_steps": 1000},
+        "checkpoint": {"replay_buffer": False},
+    }
+    with pytest.raises(ValueError, match=rf"checkpoint.replay_buffer: false applies to sac only \({algorithm} keeps"):
+        ScenarioSpec.model_validate(raw)
+    assert ScenarioSpec.model_validate({**raw, "checkpoint": {}}).checkpoint.replay_buffer is True
+    sac = {**raw, "env": {"id": "Pendulum-v1"}, "algorithm": {"name": "sac"}}
+    assert ScenarioSpec.model_validate(sac).checkpoint.replay_buffer is False
+
+
 def test_a_packed_checkpoint_unpacks_whole_elsewhere_and_a_damaged_one_leaves_nothing(tmp_path: Path) -> None:
     """What a fanned-out trial ships to the launcher (and the launcher back to the node that resumes it)."""
     folder = _write(tmp_path / "node", 4000)
