@@ -9,7 +9,9 @@
 - **The warm-up**: RLlib's SAC acts with its untrained policy until learning starts (a tanh of a wide Gaussian,
   U-shaped over the bounds); crossrl's core, TorchRL and CleanRL act uniformly at random. :class:`SACUniformWarmup`
   samples with RLlib's own ``random_actions=True`` (the env's ``action_space.sample()``) until
-  ``num_steps_sampled_before_learning_starts`` env steps, then runs RLlib's training step unchanged.
+  ``num_steps_sampled_before_learning_starts`` env steps, then runs RLlib's training step unchanged; after a restore
+  from a checkpoint without the replay buffer (``checkpoint.replay_buffer: false``) it samples with the policy and
+  makes no update until the buffer holds that many env steps again (:meth:`SACUniformWarmup.refill`).
 - **The temperature in checkpoints**: RLlib's ``save_to_path`` keeps neither the replay buffer (the adapter pickles
   it, as DQN's) nor SAC's ``log_alpha`` (a plain tensor of the learner, outside the RLModule and the optimizers'
   states: a restored trial would start again at alpha = 1). :func:`log_alpha` and :func:`set_log_alpha` carry it.

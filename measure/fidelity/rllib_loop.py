@@ -7,6 +7,12 @@ changed. What is replaced: ``env`` (crossrl's registered creator: here the gymna
 ``env_config`` (crossrl's env spec: empty) and the episode callback (crossrl's: here one that lists each finished
 episode's return and length, so both sides are measured alike; it changes nothing RLlib trains on). A stored
 setting that is an object RLlib cannot rebuild from JSON (a custom RLModule: pixel specs) is refused with its name.
+
+SAC is RLlib's own SAC with the stored settings: crossrl's adapter replaces two things of it (``adapters/rllib/sac.py``),
+which this loop leaves as RLlib ships them (``SAC_REPLACED``): the critics (RLlib's default multi-stream Q network
+instead of an MLP on ``[observation, action]``) and the warm-up (RLlib's SAC acts with its untrained policy until
+learning starts; the adapter acts uniformly at random, as crossrl's core, TorchRL and CleanRL do). So a SAC check
+measures what those two choices change against RLlib as shipped, not a mapping error alone.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from crossrl.scenarios.spec import Trial
 RETURNS_KEY = "fidelity_episodes"
 # crossrl's own objects in the stored config, replaced by the native loop's (module docstring)
 REPLACED = frozenset({"env", "env_config", "callbacks_on_episode_end"})
+# SAC: the adapter's RLModule spec (its ConcatQCatalog critics) is left out too: RLlib's default module and catalog
+SAC_REPLACED = REPLACED | {"_rl_module_spec"}
 
 
 def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_logger: Any = None, **_: Any) -> None:
@@ -34,19 +42,25 @@ def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_lo
     metrics_logger.log_value(RETURNS_KEY, (ret, int(sum(len(c) for c in chunks))), reduce="item_series")
 
 
+# an object's repr, alone or inside another's ("RLModuleSpec(catalog_class=<class '...'>, ...)")
+_OBJECT = re.compile(r"<(class|function|bound method|built-in function) [^<>]*>|<[^<>]* object>")
+
+
 def _plain(value: Any) -> Any:
     """JSON types, objects as their repr without the address (a function's repr differs between processes)."""
     return json.loads(re.sub(r" at 0x[0-9a-f]+", "", json.dumps(value, default=repr)))
 
 
-def settings_from(stored: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
-    """The stored settings that differ from RLlib's defaults, minus crossrl's own objects (``REPLACED``)."""
+def settings_from(
+    stored: Mapping[str, Any], defaults: Mapping[str, Any], *, replaced: frozenset[str] = REPLACED
+) -> dict[str, Any]:
+    """The stored settings that differ from RLlib's defaults, minus crossrl's own objects (``replaced``)."""
     plain, stored = _plain(dict(defaults)), _plain(dict(stored))
     out: dict[str, Any] = {}
     for key, value in stored.items():
-        if key in REPLACED or key not in plain or value == plain[key]:
+        if key in replaced or key not in plain or value == plain[key]:
             continue
-        if isinstance(value, str) and value.startswith("<") and value.endswith(">"):
+        if isinstance(value, str) and _OBJECT.search(value):
             raise ValueError(
                 f"rllib-native: the stored setting {key} is an object ({value[:80]}); it cannot be rebuilt"
             )
@@ -61,6 +75,7 @@ class RllibNativeLoop:
     algorithms: ClassVar[dict[str, str]] = {
         "ppo": "PPOConfig from the stored native config; build_algo(); train() in a loop",
         "impala": "IMPALAConfig from the stored native config; build_algo(); train() in a loop",
+        "sac": "SACConfig from the stored native config with RLlib's own critics and warm-up; build_algo(); train()",
     }
 
     def run(self, trial: Trial, sink: MetricSink) -> None:
@@ -72,10 +87,12 @@ class RllibNativeLoop:
         import ray
         from ray.rllib.algorithms.impala import IMPALAConfig
         from ray.rllib.algorithms.ppo import PPOConfig
+        from ray.rllib.algorithms.sac import SACConfig
 
-        cls = {"ppo": PPOConfig, "impala": IMPALAConfig}[trial.algorithm]
+        cls = {"ppo": PPOConfig, "impala": IMPALAConfig, "sac": SACConfig}[trial.algorithm]
         stored = stored_config(trial.seed)
-        settings = settings_from(stored, cls().to_dict())
+        replaced = SAC_REPLACED if trial.algorithm == "sac" else REPLACED
+        settings = settings_from(stored, cls().to_dict(), replaced=replaced)
         config = cls().update_from_dict(settings)
         config.environment(env=trial.env.id, env_config=dict(trial.env.kwargs)).callbacks(
             on_episode_end=_on_episode_end

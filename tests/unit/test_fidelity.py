@@ -23,6 +23,27 @@ def test_rllib_loop_takes_the_settings_crossrl_chose_and_nothing_of_crossrls_own
     assert settings_from(stored, defaults) == {"lr": 3e-4, "num_epochs": 10, "seed": 0}
 
 
+def test_rllib_loop_runs_sac_with_rllibs_own_critics_and_the_stored_settings() -> None:
+    """The adapter's RLModule spec (its plain-MLP critics) is left for RLlib's default; the rest is taken."""
+    from ray.rllib.algorithms.sac import SACConfig
+
+    from crossrl.measure.fidelity.rllib_loop import SAC_REPLACED
+
+    defaults = SACConfig().to_dict()
+    stored = {
+        **defaults,
+        "training_intensity": 128.0,
+        "num_steps_sampled_before_learning_starts": 5000,
+        "_rl_module_spec": "RLModuleSpec(catalog_class=<class 'crossrl.adapters.rllib.sac.ConcatQCatalog'>)",
+    }
+    assert settings_from(stored, defaults, replaced=SAC_REPLACED) == {  # fmt: skip
+        "training_intensity": 128.0,
+        "num_steps_sampled_before_learning_starts": 5000,
+    }
+    with pytest.raises(ValueError, match="_rl_module_spec is an object"):
+        settings_from(stored, defaults)
+
+
 def test_rllib_loop_refuses_a_stored_object_it_cannot_rebuild() -> None:
     with pytest.raises(ValueError, match="rl_module_spec is an object"):
         settings_from({"rl_module_spec": "<RLModuleSpec object at 0x1>"}, {"rl_module_spec": None})
