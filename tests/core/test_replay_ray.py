@@ -84,17 +84,21 @@ def test_apex_async_replay_reports_common_metrics(monkeypatch: pytest.MonkeyPatc
     assert all(p[M.ENV_STEPS_TRAINED] <= p[M.ENV_STEPS_SAMPLED] for p in points)
 
 
-def test_apex_shards_fill_from_workers_and_epsilons_differ() -> None:
-    trial = make_trial("apex", env_steps=1, **FAST)
-    hp = {**algorithms.load("apex").hyperparams(trial.hyperparams), "steps_per_iteration": 300}
+def async_replay(trial: Trial, policy_cls: Any, *, num_remote: int) -> tuple[AsyncReplayOptimizer, EvaluatorSet]:
+    """The trial's algorithm under async_replay, ``num_remote`` evaluators of 2 envs, a point per 300 env steps."""
+    hp = {**algorithms.load(trial.algorithm).hyperparams(trial.hyperparams), "steps_per_iteration": 300}
     evaluators = EvaluatorSet(
         env_spec=trial.env,
         num_envs=2,
-        policy_factory=PolicySpec(policy_cls=QPolicy, hyperparams=hp, model=trial.model),
-        num_remote=2,
+        policy_factory=PolicySpec(policy_cls=policy_cls, hyperparams=hp, model=trial.model),
+        num_remote=num_remote,
         seed=0,
     )
-    opt = AsyncReplayOptimizer(evaluators, hyperparams=hp)
+    return AsyncReplayOptimizer(evaluators, hyperparams=hp), evaluators
+
+
+def test_apex_shards_fill_from_workers_and_epsilons_differ() -> None:
+    opt, evaluators = async_replay(make_trial("apex", env_steps=1, **FAST), QPolicy, num_remote=2)
     try:
         stats = [opt.step() for _ in range(3)]
         sampled = sum(s.env_steps_sampled for s in stats)
@@ -164,19 +168,7 @@ def test_sac_async_replay_state_without_its_shards_refills_them_before_training(
     from crossrl.core.sac_policy import SACPolicy
 
     trial = pendulum_sac(optimizer="async_replay", env_steps=1)
-    hp = {**algorithms.load("sac").hyperparams(trial.hyperparams), "steps_per_iteration": 300}
-
-    def optimizer() -> tuple[AsyncReplayOptimizer, EvaluatorSet]:
-        evaluators = EvaluatorSet(
-            env_spec=trial.env,
-            num_envs=2,
-            policy_factory=PolicySpec(policy_cls=SACPolicy, hyperparams=hp, model=trial.model),
-            num_remote=1,
-            seed=0,
-        )
-        return AsyncReplayOptimizer(evaluators, hyperparams=hp), evaluators
-
-    first, first_evs = optimizer()
+    first, first_evs = async_replay(trial, SACPolicy, num_remote=1)
     try:
         for _ in range(2):
             first.step()
@@ -185,7 +177,7 @@ def test_sac_async_replay_state_without_its_shards_refills_them_before_training(
         first.stop()
         first_evs.stop()
     assert state["shards"] is None and state["sampled"] >= 600
-    second, second_evs = optimizer()
+    second, second_evs = async_replay(trial, SACPolicy, num_remote=1)
     try:
         second.set_state(state)
         ratio = second.policy.replay_ratio  # updates_per_step 0.5 x train_batch 32 transitions per env step

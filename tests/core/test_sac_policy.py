@@ -191,9 +191,9 @@ def _wrappers(env: gym.Env) -> list[gym.Env]:
     return out
 
 
-def test_sac_learns_pendulum_steps_under_sync_replay_with_random_actions_first() -> None:
-    """A short SAC run under sync_replay on the real Pendulum-v1: uniform actions until learning_starts, then one
-    update per env step; the counts add up."""
+def pendulum_sync_replay() -> SyncReplayOptimizer:
+    """SAC under sync_replay on the real Pendulum-v1: a local evaluator of 2 envs, a [16, 16] MLP, learning starting
+    at 200 env steps, a point per 100."""
     hp = resolved(train_batch=32, learning_starts=200, steps_per_iteration=100, buffer_size=10_000)
     evaluators = EvaluatorSet(
         env_spec=EnvSpec(id="Pendulum-v1", actions="unit"),
@@ -203,7 +203,13 @@ def test_sac_learns_pendulum_steps_under_sync_replay_with_random_actions_first()
         seed=0,
         local_num_envs=2,
     )
-    opt = SyncReplayOptimizer(evaluators, hyperparams=hp)
+    return SyncReplayOptimizer(evaluators, hyperparams=hp)
+
+
+def test_sac_learns_pendulum_steps_under_sync_replay_with_random_actions_first() -> None:
+    """A short SAC run under sync_replay on the real Pendulum-v1: uniform actions until learning_starts, then one
+    update per env step; the counts add up."""
+    opt = pendulum_sync_replay()
     first = opt.step()
     assert first.values[M.DIAG_EPSILON] == 1.0 and first.values[M.DIAG_UPDATES] == 0
     for _ in range(3):
@@ -223,27 +229,14 @@ def test_a_state_without_the_buffer_refills_it_with_the_policy_before_training()
     """``get_state(replay=False)`` (checkpoint.replay_buffer: false) leaves the buffer out; an optimizer restored from
     it starts with an empty buffer, acts with the restored policy (epsilon 0) and makes no update until the buffer
     holds learning_starts transitions again; then one per env step, as before."""
-    hp = resolved(train_batch=32, learning_starts=200, steps_per_iteration=100, buffer_size=10_000)
-
-    def optimizer() -> SyncReplayOptimizer:
-        evaluators = EvaluatorSet(
-            env_spec=EnvSpec(id="Pendulum-v1", actions="unit"),
-            num_envs=1,
-            policy_factory=PolicySpec(policy_cls=SACPolicy, hyperparams=hp, model=ModelSpec(hidden=(16, 16))),
-            num_remote=0,
-            seed=0,
-            local_num_envs=2,
-        )
-        return SyncReplayOptimizer(evaluators, hyperparams=hp)
-
-    first = optimizer()
+    first = pendulum_sync_replay()
     for _ in range(3):
         first.step()
     kept, dropped = first.get_state(), first.get_state(replay=False)
     assert len(kept["buffer"]) == first.num_steps_sampled and dropped["buffer"] is None
     assert dropped["updates"] == kept["updates"] > 0
 
-    second = optimizer()
+    second = pendulum_sync_replay()
     second.set_state(dropped)
     updates = int(dropped["updates"])
     refill = second.step()  # 100 env steps into the empty buffer: no update
@@ -253,6 +246,6 @@ def test_a_state_without_the_buffer_refills_it_with_the_policy_before_training()
     after = second.step()
     assert after.values[M.DIAG_REPLAY_SIZE] == 300
     assert after.values[M.DIAG_UPDATES] == updates + 102
-    restored = optimizer()
+    restored = pendulum_sync_replay()
     restored.set_state(kept)  # with the buffer: training goes on at once
     assert restored.step().values[M.DIAG_UPDATES] == updates + 100

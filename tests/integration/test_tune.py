@@ -268,3 +268,58 @@ def test_test_seed_runs_stopped_by_sigterm_are_taken_up_by_resume(results_dir: P
     assert after["crossrl-ppo-w1-s0"].info.run_id == before["crossrl-ppo-w1-s0"][0]  # the finished trial kept
     assert after[second].data.tags["status"] == "FINISHED" and after[second].info.run_id != before[second][0]
     assert runs["tuned"].data.tags["status"] == "FINISHED"
+
+
+@pytest.mark.integration
+@pytest.mark.system
+@pytest.mark.long(6)
+def test_a_sac_search_tunes_its_learning_rates_and_polyak_step_on_every_engine(
+    results_dir: Path, tmp_path: Path
+) -> None:
+    """pendulum-sac's search space (actor_lr, critic_lr, tau), tiny: each engine's configurations carry the drawn
+    values under SAC's own names, and the chosen one runs on the test seed with them."""
+    spec = {
+        "name": "tune-sac",
+        "env": {"id": "Pendulum-v1"},
+        "algorithm": {
+            "name": "sac",
+            "hyperparams": {"learning_starts": 200, "train_batch": 32, "updates_per_step": 0.25, "buffer_size": 5000},
+            "model": {"hidden": [16, 16]},
+        },
+        "engines": ENGINES,
+        "execution": {"workers": [1], "envs_per_worker": 1},
+        "budget": {"env_steps": 600, "wall_seconds": 300},
+        "search": {
+            "space": {
+                "actor_lr": {"loguniform": [1e-4, 1e-3]},
+                "critic_lr": {"loguniform": [3e-4, 3e-3]},
+                "tau": {"choice": [0.005, 0.01, 0.02]},
+            },
+            "scheduler": "random",
+            "configurations": 2,
+            "env_steps": 600,
+            "metric": "final_return",
+            "tuning_seeds": [7],
+            "test_seeds": [0],
+        },
+    }
+    path = tmp_path / "tune-sac.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    stdout = _tune(path, results_dir)
+    assert "on the test seeds 0" in stdout
+    store = ResultsStore(None, results_dir=results_dir)
+    tuned = {r.data.tags["tuned.searches"]: r for r in _runs(store, "tune-sac", TUNED_KIND)}
+    drawn = {}
+    for engine, search in _searches(store, "tune-sac").items():
+        configs = store.children(search)
+        assert len(configs) == 2 and {r.data.tags["status"] for r in configs} == {"FINISHED"}, engine
+        drawn[engine] = sorted(
+            (float(r.data.params["hp.actor_lr"]), float(r.data.params["hp.critic_lr"]), float(r.data.params["hp.tau"]))
+            for r in configs
+        )
+        best = json.loads(search.data.tags["search.best_config"])
+        [trial] = store.children(tuned[search.info.run_id])
+        assert trial.data.tags["status"] == "FINISHED" and trial.data.tags["seed"] == "0"
+        for name in ("actor_lr", "critic_lr", "tau"):
+            assert float(trial.data.params[f"hp.{name}"]) == pytest.approx(best[name]), (engine, name)
+    assert drawn["crossrl"] == drawn["rllib"] == drawn["torchrl"] and len(set(drawn["crossrl"])) == 2
