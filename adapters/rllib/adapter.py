@@ -567,17 +567,19 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     trained = trained_steps(result, algorithm=algorithm, epochs=epochs)
     episodes = _episode_pairs(result_get(result, "env_runners", _ITEM_KEY))
     policy = result_get(result, "learners", "default_policy") or {}
-    # A non-finite loss or gradient norm is training that diverged (the sink fails the trial), except from
-    # IMPALA: its asynchronous learner reports NaN for an iteration in which it made no update (measured: tiny
-    # CartPole at iteration 10, atari-untuned at 14), so those are left out as missing.
-    keep: Callable[[Any], float | None] = finite if algorithm == "impala" else number
+    # A non-finite loss or gradient norm is training that diverged (the sink fails the trial), except in an
+    # iteration that made no update, whose learner stats RLlib reduces to NaN: IMPALA's asynchronous learner
+    # (measured: tiny CartPole at iteration 10, atari-untuned at 14) and any learner restored from a checkpoint (SAC
+    # refilling a buffer left out of it: its rows trained this iteration are NaN too). Those are left out as missing.
+    idle = not (finite(policy.get("num_module_steps_trained")) or 0) > 0
+    keep: Callable[[Any], float | None] = finite if algorithm == "impala" or idle else number
     values: dict[str, float | None] = {
         **{name: keep(first_number(policy, LOSS_KEYS[name])) for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY)},
         **timing_values(result),
         **{name: keep(result_get(result, *path)) for name, path in DIAG_PATHS.items()},
     }
     if algorithm == "sac":
-        values |= sac_values(policy)
+        values |= sac_values(policy, keep=keep)
     return {
         "env_steps_sampled": env_steps_sampled(result),
         "env_steps_trained": trained,
@@ -587,13 +589,14 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     }
 
 
-def sac_values(policy: Mapping[str, Any]) -> dict[str, float | None]:
+def sac_values(policy: Mapping[str, Any], *, keep: Callable[[Any], float | None] = number) -> dict[str, float | None]:
     """SAC's losses and diagnostics under crossrl's names from RLlib's ``learners/default_policy`` stats (each the
     iteration's last update's): the critics' loss as the sum of the two (as crossrl's core and TorchRL report it), the
     entropy as minus the mean log-probability, the temperature, its loss, the first critic's mean Q value, and the
-    gradient updates so far (rows trained / train batch)."""
-    qf, twin = number(policy.get("qf_loss")), number(policy.get("qf_twin_loss"))
-    logp = number(policy.get("logps"))
+    gradient updates so far (rows trained / train batch). ``keep``: how a loss or Q value is read (``number``: NaN
+    kept, for the sink to fail the trial; ``finite``: an iteration without updates, NaN left out)."""
+    qf, twin = keep(policy.get("qf_loss")), keep(policy.get("qf_twin_loss"))
+    logp = keep(policy.get("logps"))
     rows, batch = (
         finite(policy.get("num_module_steps_trained_lifetime")),
         finite(policy.get("module_train_batch_size_mean")),
@@ -603,7 +606,7 @@ def sac_values(policy: Mapping[str, Any]) -> dict[str, float | None]:
         M.ENTROPY: -logp if logp is not None else None,
         M.DIAG_ALPHA: finite(policy.get("alpha_value")),
         M.DIAG_ALPHA_LOSS: finite(policy.get("alpha_loss")),
-        M.DIAG_Q_MEAN: number(policy.get("qf_mean")),
+        M.DIAG_Q_MEAN: keep(policy.get("qf_mean")),
         M.DIAG_UPDATES: rows / batch if rows is not None and batch else None,
     }
 

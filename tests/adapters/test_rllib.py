@@ -280,6 +280,20 @@ def test_result_to_point_reads_raw_episodes_and_losses() -> None:
     assert ppo["env_steps_sampled"] == 7 and ppo["env_steps_trained"] is None and ppo["episode_returns"] == []
 
 
+def test_an_iteration_without_updates_leaves_its_nan_stats_out_and_a_diverged_one_keeps_them() -> None:
+    """A learner restored from a checkpoint reports NaN for every stat (rows trained included) of an iteration that
+    made no update (measured: SAC refilling a buffer left out of its checkpoint); with rows trained, NaN is kept for
+    the sink to fail the trial."""
+    nan = float("nan")
+    idle = {"num_module_steps_trained": nan, "num_module_steps_trained_lifetime": 4000.0, "policy_loss": nan,
+            "qf_loss": nan, "qf_twin_loss": nan, "logps": nan, "qf_mean": nan}  # fmt: skip
+    point = R.result_to_point({"learners": {"default_policy": idle}}, algorithm="sac")
+    assert not {M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY, M.DIAG_Q_MEAN} & set(point["values"])
+    diverged = {**idle, "num_module_steps_trained": 4000}
+    values = R.result_to_point({"learners": {"default_policy": diverged}}, algorithm="sac")["values"]
+    assert math.isnan(values[M.POLICY_LOSS]) and math.isnan(values[M.VALUE_LOSS])
+
+
 def test_episode_pairs_flattened_by_rllibs_merge_are_still_read() -> None:
     """Seen once in a 150k-step DQN run: the (return, length) tuples arrived as consecutive scalars."""
     items = [(10.0, 10), 22.0, 22, (5.0, 5), 7.0, 7]
