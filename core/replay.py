@@ -18,6 +18,7 @@ with Ape-X the learner's update arrives after new samples may have replaced the 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -114,6 +115,22 @@ class ReplayBuffer:
 
     def __len__(self) -> int:
         return min(self.num_added, self.capacity)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its filled rows only: the columns are allocated for the whole capacity at the first add, so a
+        checkpoint of a buffer a few per cent full would write all of it (HalfCheetah's at a capacity of 1M: 293 MB
+        at 30,000 transitions)."""
+        state = self.__dict__.copy()
+        state["_columns"] = {k: v[: len(self)] for k, v in self._columns.items()}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        columns: Columns = state.pop("_columns")
+        self.__dict__.update(state)
+        self._columns = {}
+        for k, v in columns.items():
+            self._columns[k] = np.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype)
+            self._columns[k][: len(v)] = v
 
     def add(self, batch: Mapping[str, np.ndarray]) -> np.ndarray:
         """Append a flat batch (every column ``[B, ...]``); returns the ``B`` slots written."""

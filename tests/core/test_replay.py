@@ -60,6 +60,30 @@ def test_uniform_buffer_wraps_around_and_samples_only_stored_rows() -> None:
     assert out["y"].shape == (300, 2) and out["y"].dtype == np.float32
 
 
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_a_pickled_buffer_holds_its_filled_rows_only_and_comes_back_whole(prioritized: bool) -> None:
+    """A checkpoint writes what was added, not the capacity allocated at the first add; unpickled, the buffer has its
+    capacity again, the same rows, and draws the same samples (its generator is part of it)."""
+    import pickle
+
+    def make() -> ReplayBuffer:
+        rng = np.random.default_rng(3)
+        return PrioritizedReplayBuffer(100_000, alpha=0.6, rng=rng) if prioritized else ReplayBuffer(100_000, rng=rng)
+
+    buf, empty = make(), make()
+    buf.add({"obs": np.arange(2000, dtype=np.float32).reshape(1000, 2), "rew": np.ones(1000, np.float32)})
+    blob = pickle.dumps(buf)
+    # 1,000 rows of 12 bytes over an empty buffer (a prioritized one's sum tree is sized by its capacity)
+    assert len(blob) < 20_000 + len(pickle.dumps(empty))
+    back = pickle.loads(blob)
+    assert len(back) == 1000 and back.capacity == 100_000 and back._columns["obs"].shape == (100_000, 2)
+    for k in buf._columns:
+        assert np.array_equal(back._columns[k], buf._columns[k])
+    assert np.array_equal(back.sample(64)["obs"], buf.sample(64)["obs"])
+    back.add({"obs": np.zeros((5, 2), np.float32), "rew": np.zeros(5, np.float32)})  # and goes on filling
+    assert len(back) == 1005
+
+
 def test_uniform_buffer_batch_larger_than_capacity_keeps_newest() -> None:
     buf = ReplayBuffer(2, rng=np.random.default_rng(0))
     buf.add({"x": np.arange(5)})
