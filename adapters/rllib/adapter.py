@@ -571,7 +571,8 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     # iteration that made no update, whose learner stats RLlib reduces to NaN: IMPALA's asynchronous learner
     # (measured: tiny CartPole at iteration 10, atari-untuned at 14) and any learner restored from a checkpoint (SAC
     # refilling a buffer left out of it: its rows trained this iteration are NaN too). Those are left out as missing.
-    idle = not (finite(policy.get("num_module_steps_trained")) or 0) > 0
+    rows = policy.get("num_module_steps_trained", 1)  # absent: nothing says no update was made
+    idle = not (finite(rows) or 0) > 0
     keep: Callable[[Any], float | None] = finite if algorithm == "impala" or idle else number
     values: dict[str, float | None] = {
         **{name: keep(first_number(policy, LOSS_KEYS[name])) for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.ENTROPY)},
