@@ -798,13 +798,14 @@ class SACLearner:
         (``ReplayBuffer.dumps``: :data:`SAC_REPLAY_KEYS` over the whole pre-allocated capacity, memory-mapped, and
         the writer's cursor), so a resumed trial trains on the transitions it had; without the buffer when
         ``checkpoint.replay_buffer`` is false."""
-        if self.trial.checkpoint.replay_buffer:
+        keep = self.trial.checkpoint.replay_buffer
+        if keep:
             files = save_with_replay(folder, self.state_dict(), self.buffer)
         else:
             save_state(folder, self.state_dict())
             files = [LEARNER_FILE]
         return {"learner": type(self).__name__, "algorithm": self.algo, "updates": self.updates,
-                "replay_size": len(self.buffer) if self.trial.checkpoint.replay_buffer else 0,
+                "replay_size": len(self.buffer) if keep else 0,
                 "alpha": float(self.loss.log_alpha.detach().exp()), "files": files}  # fmt: skip
 
     def restore(self, folder: Path, *, replay: bool = True) -> None:

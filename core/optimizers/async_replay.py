@@ -322,9 +322,9 @@ class AsyncReplayOptimizer(PolicyOptimizer):
 
     def _set_own_state(self, state: Mapping[str, Any]) -> None:
         shards = state["shards"]
-        if shards is not None and len(shards) != len(self.shards):
-            raise ValueError(f"a checkpoint of {len(shards)} replay shards cannot restore {len(self.shards)}")
         if shards is not None:
+            if len(shards) != len(self.shards):
+                raise ValueError(f"a checkpoint of {len(shards)} replay shards cannot restore {len(self.shards)}")
             ray.get([shard.set_state.remote(buf) for shard, buf in zip(self.shards, shards, strict=True)])
         self._last_target_sync, self._sgd_steps = int(state["last_target_sync"]), int(state["sgd_steps"])
         ref = ray.put(self.policy.acting_weights())
