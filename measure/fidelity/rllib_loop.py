@@ -4,8 +4,9 @@ trial, ``build_algo()`` and ``train()`` in a plain loop on the gymnasium env; no
 What is taken from the stored config: every setting in which it differs from the algorithm's own defaults (RLlib's
 ``to_dict()`` of a fresh ``PPOConfig()`` / ``IMPALAConfig()``): that is what crossrl chose, and nothing else is
 changed. What is replaced: ``env`` (crossrl's registered creator: here the gymnasium id, made by RLlib itself),
-``env_config`` (crossrl's env spec: empty) and the episode callback (crossrl's: here one that lists each finished
-episode's return and length, so both sides are measured alike; it changes nothing RLlib trains on). A stored
+``env_config`` (crossrl's env spec: empty) and the episode callbacks (crossrl's: here one that lists each finished
+episode's return and length, so both sides are measured alike, and one that tells the stall watchdog an env
+stepped; they change nothing RLlib trains on). A stored
 setting that is an object RLlib cannot rebuild from JSON (a custom RLModule: pixel specs) is refused with its name.
 
 SAC is RLlib's own SAC with the stored settings: crossrl's adapter replaces two things of it (``adapters/rllib/sac.py``),
@@ -29,7 +30,7 @@ from crossrl.scenarios.spec import Trial
 
 RETURNS_KEY = "fidelity_episodes"
 # crossrl's own objects in the stored config, replaced by the native loop's (module docstring)
-REPLACED = frozenset({"env", "env_config", "callbacks_on_episode_end"})
+REPLACED = frozenset({"env", "env_config", "callbacks_on_episode_end", "callbacks_on_episode_step"})
 # SAC: the adapter's RLModule spec (its ConcatQCatalog critics) is left out too: RLlib's default module and catalog
 SAC_REPLACED = REPLACED | {"_rl_module_spec"}
 
@@ -40,6 +41,14 @@ def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_lo
     chunks = [*(prev_episode_chunks or []), episode]
     ret = float(sum(c.get_return() for c in chunks))
     metrics_logger.log_value(RETURNS_KEY, (ret, int(sum(len(c) for c in chunks))), reduce="item_series")
+
+
+def _on_episode_step(**_: Any) -> None:
+    """Tell the trial's stall watchdog that an env stepped, from the env runner that stepped it (rate-limited to a
+    file touch every few seconds). Beating once per ``train()`` is not enough: one iteration of RLlib's SAC (1,000
+    env steps, an update after each, RLlib's default critics of ~10x the adapter's parameters) ran past the 120 s
+    ``budget.stall_seconds`` on a loaded 2-core machine, and the trial was ended as stalled while it learned."""
+    beat()
 
 
 # an object's repr, alone or inside another's ("RLModuleSpec(catalog_class=<class '...'>, ...)")
@@ -68,6 +77,25 @@ def settings_from(
     return out
 
 
+def native_config(
+    algorithm: str, stored: Mapping[str, Any], env_id: str, env_kwargs: Mapping[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """RLlib's config for its own loop: a fresh ``PPOConfig`` / ``IMPALAConfig`` / ``SACConfig`` with the stored
+    settings (:func:`settings_from`), the gymnasium env by its id and this loop's two episode callbacks; and the
+    settings taken."""
+    from ray.rllib.algorithms.impala import IMPALAConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.algorithms.sac import SACConfig
+
+    cls = {"ppo": PPOConfig, "impala": IMPALAConfig, "sac": SACConfig}[algorithm]
+    settings = settings_from(stored, cls().to_dict(), replaced=SAC_REPLACED if algorithm == "sac" else REPLACED)
+    config = cls().update_from_dict(settings)
+    config.environment(env=env_id, env_config=dict(env_kwargs)).callbacks(
+        on_episode_end=_on_episode_end, on_episode_step=_on_episode_step
+    )
+    return config, settings
+
+
 class RllibNativeLoop:
     """RLlib's own loop: build_algo() and train() on the stored config's settings."""
 
@@ -85,18 +113,8 @@ class RllibNativeLoop:
                 f"not {trial.algorithm} on {trial.env.id}"
             )
         import ray
-        from ray.rllib.algorithms.impala import IMPALAConfig
-        from ray.rllib.algorithms.ppo import PPOConfig
-        from ray.rllib.algorithms.sac import SACConfig
 
-        cls = {"ppo": PPOConfig, "impala": IMPALAConfig, "sac": SACConfig}[trial.algorithm]
-        stored = stored_config(trial.seed)
-        replaced = SAC_REPLACED if trial.algorithm == "sac" else REPLACED
-        settings = settings_from(stored, cls().to_dict(), replaced=replaced)
-        config = cls().update_from_dict(settings)
-        config.environment(env=trial.env.id, env_config=dict(trial.env.kwargs)).callbacks(
-            on_episode_end=_on_episode_end
-        )
+        config, settings = native_config(trial.algorithm, stored_config(trial.seed), trial.env.id, trial.env.kwargs)
         ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False)
         algo = None
         try:

@@ -4,6 +4,8 @@ decides that the adapter and the engine's own loop differ beyond the noise."""
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -42,6 +44,28 @@ def test_rllib_loop_runs_sac_with_rllibs_own_critics_and_the_stored_settings() -
     }
     with pytest.raises(ValueError, match="_rl_module_spec is an object"):
         settings_from(stored, defaults)
+
+
+def test_rllib_loops_env_runners_beat_the_stall_watchdog_on_env_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RLlib's own loop beats the watchdog from its env runners per env step, not only once per ``train()``: one SAC
+    iteration (1,000 env steps and as many updates) can outlast ``budget.stall_seconds`` on a loaded machine."""
+    from ray.rllib.algorithms.sac import SACConfig
+
+    from crossrl.core import envguard
+    from crossrl.measure.fidelity import rllib_loop
+
+    stored = {**SACConfig().to_dict(), "callbacks_on_episode_step": "<function _on_step at 0x1>", "gamma": 0.98}
+    config, settings = rllib_loop.native_config("sac", stored, "Pendulum-v1", {})
+    assert settings == {"gamma": 0.98} and config.env == "Pendulum-v1"
+    assert config.callbacks_on_episode_step is rllib_loop._on_episode_step
+    assert config.callbacks_on_episode_end is rllib_loop._on_episode_end
+    monkeypatch.setenv(envguard.WATCH_DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(envguard, "_channel", None)
+    monkeypatch.setattr(envguard, "_stacks_file", None)
+    config.callbacks_on_episode_step(episode=None, env_runner=None, metrics_logger=None)
+    assert (tmp_path / f"beat-{os.getpid()}").exists()
 
 
 def test_rllib_loop_refuses_a_stored_object_it_cannot_rebuild() -> None:
