@@ -44,8 +44,8 @@ def _on_episode_end(*, episode: Any, prev_episode_chunks: Any = None, metrics_lo
 
 
 def _on_episode_step(**_: Any) -> None:
-    """Tell the trial's stall watchdog that an env stepped, from the env runner that stepped it (rate-limited to a
-    file touch every few seconds). Beating once per ``train()`` is not enough: one iteration of RLlib's SAC (1,000
+    """Tell the trial's stall watchdog that an env stepped, from the env runner that stepped it (a file touch at
+    most once a second). Beating once per ``train()`` is not enough: one iteration of RLlib's SAC (1,000
     env steps, an update after each, RLlib's default critics of ~10x the adapter's parameters) ran past the 120 s
     ``budget.stall_seconds`` on a loaded 2-core machine, and the trial was ended as stalled while it learned."""
     beat()
