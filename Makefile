@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.stamp-install
 PYTEST_FLAGS ?=
 K ?=
 
-.PHONY: install demo test test-system test-cluster test-fast lint learning-tests ab-gate ab-power chromium ui clean
+.PHONY: install demo test test-alone test-main test-system test-cluster test-fast lint learning-tests ab-gate ab-power chromium ui clean
 
 install: $(STAMP)
 
@@ -45,11 +45,15 @@ lint: install
 # so it runs first with nothing beside it); the other tests run two at a time in two processes that
 # take work from each other (most of a test's time is spent waiting on Ray, MLflow servers and child
 # processes). The regression table is printed at the end.
-test: install chromium lint
+test: install chromium lint test-alone test-main
+	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
+
+test-alone: install
 	rm -f crossrl-results/ci/regress.md
 	$(BIN)/pytest -m "alone" --timeout 900 --durations=3 $(PYTEST_FLAGS)
+
+test-main: install chromium
 	$(BIN)/pytest -m "not learning and not cluster and not alone and not system" -n 2 --dist worksteal --timeout 900 --durations=25 $(PYTEST_FLAGS)
-	@if [ -f crossrl-results/ci/regress.md ]; then cat crossrl-results/ci/regress.md; fi
 
 # Whole built-in scenarios on every engine, a few minutes each (pixels, many agents, MuJoCo SAC, reward
 # clipping, the table, a broken env on every engine, ASHA and PBT searches end to end, the A/B gate's and

@@ -54,6 +54,12 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
 )
 
 SURE = 0.5  # a CI of P(X > Y) that excludes 0.5 on one side: a difference the seeds support
+# Fewer seeds than this name no winner: from 2 seeds a bootstrap has 3 distinct resamples per engine, so its CI of
+# P(X > Y) is [1.00, 1.00] whenever both seeds of X are ahead, which says nothing about the next seed.
+MIN_SEEDS = 3
+# Where every resample orders the engines the same way (a zero-width CI), the exact rank test decides instead: a
+# winner only at p < ALPHA (3 seeds above 3 give p = 0.10: too few to tell; 4 above 4 give 0.029).
+ALPHA = 0.05
 
 
 def _fmt(x: float, digits: str = ".1f") -> str:
@@ -77,8 +83,9 @@ def _fin(x: Any) -> bool:
 
 def _improvement(
     st: S.ReportStats, workers: int, best: str, second: str
-) -> tuple[float, float, float, int, str] | None:
-    """P(best > second), its CI, the fewer seeds of the two and "" (or, with fewer than 2 seeds, who has only one)."""
+) -> tuple[float, float, float, int, str, float] | None:
+    """P(best > second), its CI, the fewer seeds of the two, "" (or, with fewer than 2 seeds, who has only one) and
+    the rank test's p-value."""
     rows = st.improvement[
         (st.improvement["workers"] == workers)
         & (
@@ -97,7 +104,8 @@ def _improvement(
     if n < 2:
         fewer = best if int(r["n_x" if not flip else "n_y"]) < 2 else second
         alone = "one seed per engine" if int(max(r["n_x"], r["n_y"])) < 2 else f"only one seed of {fewer}"
-    return p, lo, hi, n, alone
+    rank_p = float(r["rank_p"]) if "rank_p" in r.index else math.nan
+    return p, lo, hi, n, alone, rank_p
 
 
 def _final_return(st: S.ReportStats, workers: int) -> str | None:
@@ -117,14 +125,24 @@ def _final_return(st: S.ReportStats, workers: int) -> str | None:
     found = _improvement(st, workers, best, second)
     if found is None:
         return f"Final return: no conclusion ({iqms}; no paired comparison)."
-    p, lo, hi, n, alone = found
+    p, lo, hi, n, alone, rank_p = found
     if alone:
         return f"Final return: {alone}: no conclusion ({iqms}; P({best} > {second}) = {p:.2f} from single pairs)."
+    if n < MIN_SEEDS:
+        return (
+            f"Final return: too few seeds to tell ({n}; a winner needs {MIN_SEEDS} per engine) "
+            f"({iqms}; P({best} > {second}) = {p:.2f} over {n} x {n} pairs)."
+        )
     if not (_fin(lo) and _fin(hi)):
         return f"Final return: no conclusion ({iqms}; P({best} > {second}) = {p:.2f}, no CI)."
     ci = f"P({best} > {second}) = {p:.2f}, 95% CI [{lo:.2f}, {hi:.2f}], {n} seeds"
     if _num(fr.iloc[0]["iqm"]) == _num(fr.iloc[1]["iqm"]):
         return f"Final return: no clear difference ({iqms}: equal at this precision; {ci})."
+    if lo > SURE and hi - lo < 1e-9:  # every resample ordered them the same way: the CI's width says nothing
+        test = f"every resample ordered them alike; rank test p = {rank_p:.3f}"
+        if _fin(rank_p) and rank_p < ALPHA:
+            return f"Best final return: {best} ({iqms}; {ci}: {test})."
+        return f"Final return: too few seeds to tell ({n}) ({iqms}; {ci}: {test}, not below {ALPHA:g})."
     if lo > SURE:
         return f"Best final return: {best} ({iqms}; {ci})."
     return f"Final return: no clear difference ({iqms}; {ci}: the CI includes 0.5)."
@@ -167,6 +185,8 @@ def _to_target(st: S.ReportStats, workers: int, column: str, unit: str, fmt: Any
     lead = f"Fastest to {what} in {unit}: {best['engine']}"
     if int(best["n_seeds"]) < 2:
         lead = f"Fastest to {what} in {unit}: one seed of {best['engine']}: no conclusion"
+    elif int(best["n_seeds"]) < MIN_SEEDS:
+        lead = f"Fastest to {what} in {unit}: too few seeds to tell ({int(best['n_seeds'])} of {best['engine']})"
     elif len(reached) > 1 and _overlap(reached.iloc[0][per_seed], reached.iloc[1][per_seed]):
         lead = f"Fastest to {what} in {unit}: no clear difference, the seeds' ranges overlap"
     sentence = f"{lead} (median {', '.join(parts)})"

@@ -100,11 +100,25 @@ def _kept_ray_down() -> None:
         cluster.disconnect()
 
 
+@pytest.fixture(scope="session")
+def store_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An embedded store's sqlite file as crossrl's own first opening makes it (MLflow's schema, every migration:
+    1.4-3.7 s here), made once per test process; `results_dir` copies it (0.02 s). The first opening itself is
+    tested where it is the point: tests/faults/test_concurrency.py (three runs on one fresh store at once),
+    tests/integration/test_store_server.py and every test that names a folder of its own."""
+    from crossrl.reports.store import ResultsStore
+
+    folder = tmp_path_factory.mktemp("store-template")
+    ResultsStore(None, results_dir=folder).client.search_experiments()
+    return folder / "mlflow.db"
+
+
 @pytest.fixture
-def results_dir(tmp_path: Path) -> Path:
-    """A fresh embedded-store folder for one test."""
+def results_dir(tmp_path: Path, store_template: Path) -> Path:
+    """A fresh embedded-store folder for one test: an empty store, already migrated."""
     d = tmp_path / "crossrl-results"
     d.mkdir()
+    shutil.copyfile(store_template, d / "mlflow.db")
     return d
 
 

@@ -46,9 +46,11 @@ def _round_trip(store: ResultsStore) -> None:
     assert run.data.tags["mlflow.parentRunId"] == parent and run.info.status == "FINISHED"
 
 
-def test_embedded_store_round_trip(results_dir: Path) -> None:
+def test_embedded_store_round_trip(tmp_path: Path) -> None:
+    """The product's own first opening of a folder with no store (the `results_dir` fixture copies a made one)."""
+    results_dir = tmp_path / "crossrl-results"
     store = ResultsStore(None, results_dir=results_dir)
-    assert store.uri == f"sqlite:///{results_dir / 'mlflow.db'}"
+    assert store.uri == f"sqlite:///{results_dir / 'mlflow.db'}" and (results_dir / "mlflow.db").is_file()
     _round_trip(store)
     assert (results_dir / "artifacts").is_dir()
 

@@ -7,10 +7,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from crossrl.reports import stats as S
 from crossrl.reports.render import build_report
-from crossrl.reports.verdict import DEFINITIONS, verdict
+from crossrl.reports.verdict import DEFINITIONS, _final_return, verdict
+from crossrl.scenarios import metrics as M
 
 
 def _stats(make_frames: Any, **kwargs: Any) -> S.ReportStats:
@@ -43,7 +45,9 @@ def test_one_seed_supports_no_conclusion(make_frames: Any) -> None:
 def test_several_worker_counts_are_compared_apart_and_failures_are_counted(make_frames: Any) -> None:
     st = _stats(make_frames, workers=(1, 2), seeds=(0, 1, 2))
     lines = verdict(st)
-    assert any(line.startswith("1 worker: Best final return") for line in lines)
+    # at 1 worker the first engine kept 2 of its 3 seeds (one timed out): too few to name a winner
+    [one] = [line for line in lines if line.startswith("1 worker: Final return: ")]
+    assert one.startswith("1 worker: Final return: too few seeds to tell (2; a winner needs 3 per engine)"), one
     # at 2 workers one engine kept a single seed (the others failed): no winner is named
     [two] = [line for line in lines if line.startswith("2 workers: Final return: ")]
     assert "only one seed of" in two and "no conclusion" in two
@@ -141,3 +145,44 @@ def test_an_engine_with_no_seed_at_equal_training_time_is_named_with_its_worker_
         "rllib (1 worker): no seed: its trials ended FAILED",
         "torchrl (2 workers): no seed: its trials ended FAILED",
     ]
+
+
+def _finals(finals: dict[str, list[float]]) -> S.ReportStats:
+    """Stats whose final returns are exactly ``finals`` (engine -> one value per seed), through the real tables."""
+    rows = [(e, s, v) for e, vs in finals.items() for s, v in enumerate(vs)]
+    trials = pd.DataFrame(
+        {"engine": [e for e, _, _ in rows], "workers": 1, "seed": [s for _, s, _ in rows], "status": "FINISHED"}
+    )
+    trials[M.FINAL_RETURN_MEAN] = [v for _, _, v in rows]
+    rng = np.random.default_rng(0)
+    counted = trials
+    return SimpleNamespace(  # type: ignore[return-value]
+        final_return=S.final_return_table(counted, rng=rng),
+        improvement=S.improvement_table(counted, rng=rng),
+    )
+
+
+def test_two_seeds_each_ahead_name_no_winner_and_say_why() -> None:
+    """The degenerate certainty of a bootstrap over two seeds: both ahead gives a CI of [1.00, 1.00]."""
+    st = _finals({"crossrl": [-12.0, -12.6], "torchrl": [-14.5, -15.1]})
+    [row] = st.improvement.to_dict("records")
+    assert row["ci_low"] == row["ci_high"] == 1.0  # what the bootstrap gives: not certainty
+    line = _final_return(st, 1)
+    assert line is not None and line.startswith("Final return: too few seeds to tell (2; a winner needs 3 per engine)")
+    assert "Best" not in line
+
+
+def test_a_zero_width_ci_names_a_winner_only_when_the_rank_test_does() -> None:
+    three = _final_return(_finals({"crossrl": [10.0, 11.0, 12.0], "torchrl": [1.0, 2.0, 3.0]}), 1)
+    assert three is not None and three.startswith("Final return: too few seeds to tell (3)"), three
+    assert "rank test p = 0.100" in three
+    five = _final_return(_finals({"crossrl": [10.0, 11.0, 12.0, 13.0, 14.0], "torchrl": [1.0, 2, 3, 4, 5]}), 1)
+    assert five is not None and five.startswith("Best final return: crossrl ("), five
+    assert "rank test p = 0.008" in five
+    # spread that overlaps: a CI of some width that still excludes 0.5 names the winner as before
+    mixed = _finals({"crossrl": [10.0, 12.0, 3.5, 11.0, 13.0], "torchrl": [1.0, 2.0, 4.0, 3.0, 5.0]})
+    [row] = mixed.improvement.to_dict("records")
+    line = _final_return(mixed, 1)
+    assert line is not None
+    if row["ci_low"] > 0.5 and row["ci_high"] > row["ci_low"]:
+        assert line.startswith("Best final return: crossrl"), line
