@@ -280,7 +280,7 @@ def _list_refused(checked: Any, indent: str, unsupported_note: str) -> None:
 def init(
     path: Annotated[Path, typer.Argument(help="the spec file to write, e.g. acrobot.yaml")],
     env: Annotated[str, typer.Option("--env", help="gymnasium env id")] = "CartPole-v1",
-    algorithm: Annotated[str, typer.Option("--algorithm", help="ppo, a2c, a3c, impala, dqn or apex")] = "ppo",
+    algorithm: Annotated[str, typer.Option("--algorithm", help="ppo, a2c, a3c, impala, dqn, apex or sac")] = "ppo",
     force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
 ) -> None:
     """Write a commented scenario spec to start from (every default written out), then check it as `validate` does."""
@@ -371,6 +371,7 @@ def scenarios() -> None:
 @app.command()
 def engines() -> None:
     """The capability matrix: which algorithm each engine runs, how, and why not where it does not."""
+    from rich.markup import escape
     from rich.table import Table
 
     from crossrl.adapters.registry import engines as all_engines
@@ -381,8 +382,10 @@ def engines() -> None:
     for algo in ALGORITHMS:
         cells = []
         for info in infos.values():
-            reason = info.reason_unsupported(algo)
-            cells.append(f"[red]no[/red]: {reason}" if reason else f"[green]yes[/green]: {info.supported[algo]}")
+            reason = info.reason_unsupported(algo)  # the engines' own text: "[obs, action]" is not markup
+            cells.append(
+                f"[red]no[/red]: {escape(reason)}" if reason else f"[green]yes[/green]: {escape(info.supported[algo])}"
+            )
         table.add_row(algo, *cells)
     _console().print(table)
 
@@ -854,8 +857,8 @@ def evaluate(
             f"{result.env_step:,}",
             f"{result.mean:.1f}",
             f"[{low:.1f}, {high:.1f}]",
-            f"{min(result.returns):g}",
-            f"{max(result.returns):g}",
+            f"{min(result.returns):.1f}",  # to the mean's precision (:g printed -123.4567 beside a mean of -120.3)
+            f"{max(result.returns):.1f}",
             f"{sum(result.lengths) / len(result.lengths):.0f}",
         )
         values = (f"{result.mean:g}", f"{low:g}", f"{high:g}", str(episodes), "greedy" if greedy else "sample")
@@ -890,7 +893,10 @@ def runs(
     for row in rows.itertuples(index=False):
         table.add_row(*(str(v) for v in row))
     _console().print(table)
-    _console().print("a run without a report (--no-report, stopped): crossrl report --run PARENT_RUN renders its own")
+    if (rows["report"] == "-").any():  # the hint only where a listed run has no report of its own
+        _console().print(
+            "a run without a report (--no-report, stopped): crossrl report --run PARENT_RUN renders its own"
+        )
 
 
 @app.command()

@@ -174,13 +174,16 @@ def _scaling(stats: ReportStats) -> Figure:
                 ideal_w = np.geomspace(base_w, max(workers), 40)
                 ax.plot(ideal_w, base * ideal_w / base_w, ls=":", color=colours[engine], lw=1.2)
             ax.plot([], [], ls=":", color="#444444", label="ideal (linear)")
-            if max(workers) / min(workers) >= 4:  # 1, 2, 4, 8, 16 would bunch up on a linear axis
+            log_log = max(workers) / min(workers) >= 4  # 1, 2, 4, 8, 16 would bunch up on a linear axis
+            if log_log:  # both axes: a linear ideal is a straight line only on log-log (log x alone curves it)
                 ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
                 ax.minorticks_off()
             ax.set_xticks(workers, [str(w) for w in workers])
             if len(workers) == 1:
                 ax.set_xlim(workers[0] - 1, workers[0] + 1)
-            ax.set_ylim(bottom=0)
+            if not log_log:
+                ax.set_ylim(bottom=0)
             ax.legend(fontsize=8, frameon=False)
         ax.set_xlabel("workers")
         ax.set_ylabel("sampling throughput (env steps/s)")

@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 from scipy.stats import trim_mean
 
+from crossrl.reports import stats as S
 from crossrl.reports.render import SCHEMA_VERSION, build_report, load_report_json
 from crossrl.scenarios import metrics as M
 
@@ -272,3 +273,23 @@ def test_an_engine_held_to_a_slower_layout_is_marked_in_the_throughput_table(tmp
     assert ("torchrl", 1) not in marks  # no sweep of its total envs
     plain = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path / "plain").markdown.read_text()
     assert "‡" not in plain and f"MultiSync 2 x SerialEnv({envs})" in plain  # no sweep stored: named, not marked
+
+
+def test_the_scaling_figures_ideal_line_is_straight_on_its_log_axes(make_frames: Any) -> None:
+    """Workers 1-8 put the worker axis on a log scale; the throughput axis is logged too, so the linear ideal
+    (throughput proportional to workers) is drawn as the straight line it is on log-log axes, not a curve."""
+    from crossrl.reports.figures import _scaling
+
+    trials, points, _ = make_frames(n_points=15, workers=(1, 2, 4, 8), seeds=(0, 1, 2), failures=False)
+    st = S.compute(trials=trials, points=points, rng=np.random.default_rng(0), grid_points=50)
+    svg = _scaling(st).svg
+    ideal = []
+    for d, style in re.findall(r'<path d="([^"]+)"\s*clip-path="[^"]*"\s*style="([^"]*)"', svg):
+        pts = np.array(re.findall(r"([-\d.]+) ([-\d.]+)", d), dtype=float)
+        if "dasharray" in style and len(pts) >= 40:  # the dense dotted ideal, one per engine
+            ideal.append(pts)
+    assert len(ideal) == len(set(trials["engine"])), len(ideal)
+    for pts in ideal:
+        x, y = pts[:, 0], pts[:, 1]
+        fit = np.polyfit(x, y, 1)
+        assert np.max(np.abs(y - np.polyval(fit, x))) < 0.01 * (y.max() - y.min()), "the ideal line is curved"

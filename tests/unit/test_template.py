@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from crossrl.adapters.registry import engine_ids
+from crossrl.reports.api import make_report, run_report_dir
 from crossrl.orchestration.runner import run_scenario
 from crossrl.reports.runs import past_runs
 from crossrl.reports.store import ResultsStore
@@ -99,6 +100,12 @@ def test_cli_runs_lists_past_runs(fault_engine: Path, results_dir: Path) -> None
     listed = cli.invoke(app, ["runs", "--results-dir", str(results_dir)], env={"COLUMNS": "250"})
     assert listed.exit_code == 0, listed.output
     assert "listed" in listed.output and outcome.parent_id in listed.output and "1 FINISHED" in listed.output
+    assert "crossrl report --run PARENT_RUN" in listed.output  # run_scenario wrote no report: the hint says how
+    store = ResultsStore(None, results_dir=results_dir)
+    make_report(store, parent_id=outcome.parent_id, out_dir=run_report_dir(results_dir, "listed", outcome.parent_id))
+    again = cli.invoke(app, ["runs", "--results-dir", str(results_dir)], env={"COLUMNS": "250"})
+    assert again.exit_code == 0 and "report.html" in again.output, again.output
+    assert "crossrl report --run" not in again.output  # every listed run has its report: no hint
 
 
 def test_each_run_keeps_its_own_report_and_runs_shows_its_settings(fault_engine: Path, results_dir: Path,

@@ -306,6 +306,18 @@ def test_conditional_hyperparameters() -> None:
     assert unread_hyperparams(impala, "async_samples") == {}
 
 
+def test_engines_prints_each_cell_as_the_engines_write_it() -> None:
+    """Square brackets in an engine's text ("critics as MLPs on [obs, action]") are text, not rich markup."""
+    from crossrl.adapters.registry import engines as all_engines
+
+    out = " ".join(cli("engines").stdout.split())  # the table wraps its cells: compare the words
+    assert "critics as MLPs on [obs, action], uniform warm-up" in " ".join(
+        all_engines()["rllib"].supported["sac"].split()
+    )
+    for word in ("[obs,", "action],"):
+        assert word in out, out[:2000]
+
+
 def test_what_each_algorithm_reads_agrees_with_the_engines() -> None:
     """Every name an engine maps for an algorithm is one it reads; every name it has a default for is read, except
     those each engine documents as unused (V-trace's lambda); crossrl's own settings with a shared name too."""
