@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from crossrl.adapters.registry import engine_ids
-from crossrl.reports.api import make_report, run_report_dir
 from crossrl.orchestration.runner import run_scenario
+from crossrl.reports.api import make_report, run_report_dir
 from crossrl.reports.runs import past_runs
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios.catalog import ALGORITHMS
