@@ -166,9 +166,14 @@ class _Checks:
 
 
 class _ObsCheck:
-    """Shape, dtype and finiteness of a Box observation against its declared space (other spaces: not checked)."""
+    """Shape, dtype and finiteness of a Box observation against its declared space (other spaces: not checked).
+
+    The dtype rule is gymnasium's own (``Box.contains``): the observation's dtype must cast to the space's safely, so
+    float32 into a float64 Box or uint8 into a float32 one fits, and float64 into a float32 Box does not (the engines
+    would each cast it their own way, or not at all)."""
 
     def __init__(self, space: gym.Space) -> None:
+        self.space = space
         self.box = isinstance(space, gym.spaces.Box)
         self.shape = tuple(space.shape) if self.box and space.shape is not None else None
         self.dtype = np.dtype(space.dtype) if self.box and space.dtype is not None else None
@@ -186,8 +191,11 @@ class _ObsCheck:
             return "space", f"an observation of {got} where its observation space declares shape {self.shape}"
         if dtype is not self._ok_dtype and dtype != self._ok_dtype:
             assert self.dtype is not None
-            if not np.can_cast(dtype, self.dtype, "same_kind"):
-                return "space", f"an observation of dtype {dtype} where its observation space declares {self.dtype}"
+            if not np.can_cast(dtype, self.dtype):
+                return "space", (
+                    f"an observation of dtype {dtype} where its observation space {self.space} declares {self.dtype} "
+                    f"(return obs.astype(np.{self.dtype}), or declare the Box with dtype=np.{dtype})"
+                )
             self._ok_dtype = dtype
         if self.floating and not _all_finite(obs):
             index = int(np.flatnonzero(~np.isfinite(np.asarray(obs).ravel()))[0])

@@ -5,7 +5,8 @@ imports it in any process (Ray's workers, TorchRL's collector processes, the raw
 on its PYTHONPATH. ``kwargs``:
 
 - ``fault``: ``raise`` (``step`` raises RuntimeError), ``hang`` (``step`` never returns), ``nan`` (the reward is
-  NaN), ``shape`` (the observation has 5 numbers where the space declares 4), ``huge`` (finite rewards of 1e30, whose
+  NaN), ``shape`` (the observation has 5 numbers where the space declares 4), ``float64`` (float64 observations where
+  the space declares float32), ``huge`` (finite rewards of 1e30, whose
   squares overflow: the value loss is not finite), ``none``;
 - ``at``: the fault comes at this env step of the process (counted over its env copies), or
 - ``after_s``: at the first step this many seconds after the process built its first copy (a fault mid-trial that
@@ -54,6 +55,8 @@ class FaultyCartPole(CartPoleEnv):
             return obs, 1e30, terminated, truncated, info
         if self.fault == "shape":
             return np.append(obs, np.float32(0.0)), reward, terminated, truncated, info
+        if self.fault == "float64":
+            return obs.astype(np.float64), reward, terminated, truncated, info
         return obs, reward, terminated, truncated, info
 
 

@@ -53,6 +53,8 @@ class Broken(gym.Env):
                 obs = np.zeros(5, np.float32)
             if self.how == "dtype":
                 obs = np.zeros(3, np.complex64)
+            if self.how == "float64":  # what np.array([...]) of Python floats gives: gymnasium's Box refuses it
+                obs = np.zeros(3, np.float64)
         return obs, reward, False, False, {}
 
 
@@ -80,6 +82,13 @@ def _steps(env: gym.Env, n: int) -> None:
         ("inf_obs", ["non-finite observation (element 1) (inf)", "at env step 3"]),
         ("shape", ["observation of shape (5,)", "declares shape (3,)"]),
         ("dtype", ["dtype complex64", "declares float32"]),
+        (
+            "float64",
+            [
+                "dtype float64 where its observation space Box(-1.0, 1.0, (3,), float32) declares float32",
+                "obs.astype(np.float32)",
+            ],
+        ),
     ],
 )
 def test_the_guard_names_each_fault_and_reports_it_to_the_watch(how: str, words: list[str], watch_dir: Path) -> None:

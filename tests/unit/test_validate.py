@@ -562,3 +562,16 @@ def test_the_init_template_validates_without_a_warning(tmp_path: Path, algorithm
     path = write(tmp_path, spec_template(name="try", env_id="Acrobot-v1", algorithm=algorithm))
     checked = check_scenario(path, validate_probes())
     assert checked.problems == [] and checked.warnings == [] and checked.failing == []
+
+
+def test_an_observation_dtype_outside_its_space_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float64 observations from a float32 Box (gymnasium's Box.contains refuses them): validate builds and steps the
+    env inside the guard every engine's envs step through, and says which dtype, which space and what to do."""
+    support = str(Path(__file__).parents[1] / "support")
+    monkeypatch.syspath_prepend(support)
+    raw = spec(env={"id": "faulty_env:FaultyCartPole-v0", "kwargs": {"fault": "float64", "at": 1}})
+    result = cli("validate", write(tmp_path, raw))
+    assert result.exit_code == 2, result.output
+    [line] = errors(result)
+    assert "an observation of dtype float64 where its observation space Box(" in line and "float32" in line, line
+    assert "obs.astype(np.float32)" in line, line
