@@ -103,9 +103,10 @@ def _torchrl_refusal(trial: Any, spaces: Any) -> str | None:
             continue
         if not isinstance(act, gs.Discrete):
             # adapters/torchrl/adapter.py env_dims reads the number of discrete actions; torchrl/multi_agent.py ma_env_dims likewise
+            takes = "sac (continuous actions)" if trial.algorithm != "sac" else "discrete-action algorithms"
             return (
-                f"torchrl's adapters take discrete actions only, and {trial.env.id}{who} has {act}; run "
-                f"{trial.algorithm} on crossrl or rllib (--engines), or set the env's discrete-action option"
+                f"torchrl runs {trial.algorithm} on discrete actions only, and {trial.env.id}{who} has {act}; run "
+                f"{trial.algorithm} on crossrl or rllib (--engines), or {takes} on torchrl"
             )
         if trial.env.multi_agent and isinstance(obs, gs.Box) and len(obs.shape) != 1:
             return (

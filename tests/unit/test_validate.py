@@ -154,7 +154,10 @@ def test_trials_an_engine_refuses_once_started_are_listed(tmp_path: Path) -> Non
     checked = check_scenario("pendulum-ppo", validate_probes(), overrides={"engines": ["crossrl", "rllib", "torchrl"]})
     assert checked.problems == [] and checked.unsupported == []
     assert {t.engine for t, _ in checked.failing} == {"torchrl"} and len(checked.failing) == len(checked.spec.seeds)
-    assert "torchrl's adapters take discrete actions only, and Pendulum-v1 has Box" in checked.failing[0][1]
+    reason = checked.failing[0][1]
+    assert "torchrl runs ppo on discrete actions only, and Pendulum-v1 has Box" in reason, reason
+    assert reason.endswith("run ppo on crossrl or rllib (--engines), or sac (continuous actions) on torchrl"), reason
+    assert "option" not in reason  # it names no setting that does not exist
     assert check_scenario("pendulum-ppo", validate_probes()).failing == []  # the built-in lists the engines that run it
     raw = spec(
         engines=["crossrl", "rllib"],
