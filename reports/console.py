@@ -144,6 +144,14 @@ class RunDisplay:
                 r.reason[:400],  # wrapped by the table: a fault's reason names what, where and when
             )
         self.console.print(table)
+        past = [r for r in outcome.results if r.trial.budget.env_steps and r.env_steps > r.trial.budget.env_steps]
+        if past:
+            most = max(past, key=lambda r: r.env_steps)
+            self.console.print(
+                f"env steps past the budget ({most.env_steps:,} of {most.trial.budget.env_steps:,} at most): a trial "
+                "stops at the end of the iteration that reaches its budget, so each engine's batch (train_batch, "
+                "its fragments) sets how far past it goes"
+            )
         if outcome.unsent:  # the caller says what is missing and how to send it
             return
         self.console.print(f"results: {store.uri} (experiment {outcome.experiment_id}, parent run {outcome.parent_id})")

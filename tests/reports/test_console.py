@@ -62,3 +62,28 @@ def test_on_a_terminal_the_bar_counts_past_the_budget_and_prints_no_plain_lines(
 def test_a_value_that_rounds_to_zero_prints_without_a_sign() -> None:
     assert _fmt(-0.04, ".1f") == "0.0" and _fmt(-0.4, ".0f") == "0" and _fmt(-0.06, ".1f") == "-0.1"
     assert _fmt(None, ".1f") == "-" and _fmt(-1234.0, ",.0f") == "-1,234"
+
+
+def test_the_summary_says_why_env_steps_pass_the_budget() -> None:
+    spec, _ = load("smoke")
+    trial = spec.trials()[0]
+    budget = trial.budget.env_steps
+
+    def outcome(env_steps: int) -> SimpleNamespace:
+        result = SimpleNamespace(
+            trial=trial,
+            status=M.FINISHED,
+            reason="",
+            env_steps=env_steps,
+            summary={},
+            median_throughput=1.0,
+            wall_s=1.0,
+        )
+        return SimpleNamespace(results=[result], unsent=1, counts=lambda: {M.FINISHED: 1})
+
+    for steps, said in ((budget + 333, True), (budget, False)):
+        out = io.StringIO()
+        RunDisplay(Console(file=out, force_terminal=False, width=300), spec).summary(outcome(steps), store=None)
+        text = " ".join(out.getvalue().split())
+        assert (f"env steps past the budget ({budget + 333:,} of {budget:,} at most)" in text) == said, text
+        assert ("each engine's batch (train_batch, its fragments) sets how far past it goes" in text) == said
