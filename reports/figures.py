@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure as MplFigure  # noqa: E402
-from matplotlib.ticker import EngFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, FuncFormatter  # noqa: E402
 
 from crossrl.reports.stats import ReportStats, engine_sort_key  # noqa: E402
 
@@ -67,9 +67,16 @@ def to_svg(fig: MplFigure, key: str) -> str:
 
 
 def new_figure(
-    panels: int = 1, *, width: float | None = None, height: float = _PANEL_H, left: float = 0.75, max_cols: int = 3
+    panels: int = 1,
+    *,
+    width: float | None = None,
+    height: float = _PANEL_H,
+    left: float = 0.75,
+    max_cols: int = 3,
+    sharey: bool = True,
 ) -> tuple[MplFigure, list[Axes]]:
-    """A figure of ``panels`` panels sharing y, ``max_cols`` to a row (unused cells hidden).
+    """A figure of ``panels`` panels sharing y (unless ``sharey`` is false: each its own axis and labels),
+    ``max_cols`` to a row (unused cells hidden).
 
     Margins are fixed in inches (``left``: room for y labels) instead of using matplotlib's
     constrained layout, whose layout pass measured about a third of a report's build time.
@@ -80,9 +87,14 @@ def new_figure(
     with matplotlib.rc_context(RC):
         fig = MplFigure(figsize=(w, h))
         fig.subplots_adjust(
-            left=left / w, right=1 - 0.15 / w, bottom=0.5 / h, top=1 - 0.3 / h, wspace=0.06, hspace=0.8 / (height - 0.8)
+            left=left / w,
+            right=1 - 0.15 / w,
+            bottom=0.5 / h,
+            top=1 - 0.3 / h,
+            wspace=0.06 if sharey else 0.35,
+            hspace=0.8 / (height - 0.8),
         )
-        axes = list(fig.subplots(rows, cols, squeeze=False, sharey=True).ravel())
+        axes = list(fig.subplots(rows, cols, squeeze=False, sharey=sharey).ravel())
     for ax in axes[panels:]:
         ax.set_visible(False)
     return fig, axes[:panels]
@@ -192,6 +204,55 @@ def _scaling(stats: ReportStats) -> Figure:
     return Figure(key="scaling", title="", caption="", svg=to_svg(fig, "scaling"))
 
 
+def _convergence(stats: ReportStats) -> Figure:
+    """Two panels per engine's worker counts: speedup to the target (log-log, the linear ideal straight, each count's
+    CI as a whisker, hollow where the figure is a bound) and env steps to the target (median, with its seeds')."""
+    cv = stats.convergence
+    fig, (left, right) = new_figure(2, width=2 * _PANEL_W, sharey=False)
+    with matplotlib.rc_context(RC):
+        colours = engine_colours(cv["engine"].unique())
+        workers = sorted({int(w) for w in cv["workers"]})
+        for engine in sorted(cv["engine"].unique(), key=engine_sort_key):
+            c = cv[cv["engine"] == engine].sort_values("workers")
+            w = c["workers"].to_numpy(dtype=float)
+            s = c["speedup"].to_numpy(dtype=float)
+            ok = np.isfinite(s)
+            if ok.any():
+                lo, hi = c["speedup_low"].to_numpy(dtype=float), c["speedup_high"].to_numpy(dtype=float)
+                err = np.vstack([np.where(np.isfinite(lo), s - lo, 0), np.where(np.isfinite(hi), hi - s, 0)])
+                left.errorbar(w[ok], s[ok], yerr=err[:, ok], fmt="-", color=colours[engine], lw=1.6, capsize=2.5,
+                              label=engine)  # fmt: skip
+                bound = (c["bound"].astype(str) != "").to_numpy() & ok
+                left.plot(w[ok & ~bound], s[ok & ~bound], "o", color=colours[engine])
+                left.plot(w[bound], s[bound], "o", mfc="white", color=colours[engine])
+            steps = c["median_steps"].to_numpy(dtype=float)
+            censored = (2 * c["n_reached"] <= c["n_seeds"]).to_numpy()  # the median seed missed: what it ran
+            right.plot(w, steps, "-", color=colours[engine], lw=1.6, label=engine)
+            right.plot(w[~censored], steps[~censored], "o", color=colours[engine])
+            right.plot(w[censored], steps[censored], "o", mfc="white", color=colours[engine])
+        base = min(workers)
+        ideal = np.array([base, max(workers)], dtype=float)
+        left.plot(ideal, ideal / base, ls=":", color="#444444", lw=1.2, label="ideal (linear)")
+        for ax in (left, right):
+            if max(workers) / base >= 4:
+                ax.set_xscale("log", base=2)
+                ax.minorticks_off()
+            ax.set_xticks(workers, [str(x) for x in workers])
+            ax.set_xlabel("workers")
+            ax.grid(alpha=0.3)
+        if max(workers) / base >= 4:
+            left.set_yscale("log", base=2)
+            left.minorticks_off()
+            left.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        left.set_ylabel(f"speedup to target (vs {base} worker{'s' * (base != 1)})")
+        left.legend(fontsize=8, frameon=False)
+        right.set_ylabel("env steps to target (median)")
+        right.legend(fontsize=8, frameon=False)
+        right.yaxis.set_major_formatter(EngFormatter(sep=""))
+        right.set_ylim(bottom=0)
+    return Figure(key="convergence", title="", caption="", svg=to_svg(fig, "convergence"))
+
+
 def _time_to_target(stats: ReportStats) -> Figure:
     tt = stats.time_to_target
     rows = list(tt.itertuples(index=False))
@@ -257,6 +318,17 @@ def make_figures(stats: ReportStats) -> list[Figure]:
             "engine's smallest worker count (the worker axis is logarithmic when it spans 4x or more).",
         ),
     ]
+    if not stats.convergence.empty:
+        out.append(
+            _titled(
+                _convergence(stats),
+                "Convergence scaling",
+                "Left: speedup in training seconds to the target against the fewest workers, log-log, whiskers its "
+                "95% CI, dotted the linear ideal; hollow: a bound (some seeds missed and count at what they ran). "
+                "Right: median env steps to the target (what staleness costs as workers grow; hollow: the median seed "
+                "missed it and counts at what it ran).",
+            )
+        )
     if np.isfinite(stats.target_return) and not stats.time_to_target.empty:
         out.append(
             _titled(

@@ -153,6 +153,10 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None, marks: Sequen
                 "A seed that never reached the target counts as infinite in the median.",
             )
         )
+    if not st.convergence.empty:
+        tables.append(_convergence_table(st))
+    if not st.convergence_fits.empty:
+        tables.append(_fits_table(st))
     scale = st.scaling.set_index(["engine", "workers"]) if not st.scaling.empty else None
     rows = []
     for r in st.throughput.itertuples():
@@ -246,6 +250,91 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None, marks: Sequen
         )
     )
     return tables
+
+
+_BOUND = {"upper": "≤ ", "lower": "≥ ", "none": "~ "}
+
+
+def _convergence_table(st: S.ReportStats) -> Table:
+    rows = []
+    for r in st.convergence.itertuples():
+        bound = _BOUND.get(str(r.bound), "")
+        rows.append(
+            [
+                r.engine,
+                str(r.workers),
+                f"{r.n_reached}/{r.n_seeds}",
+                _secs(r.median_wall_s),
+                _secs(r.setup_s),
+                _f(r.median_steps, ",.0f"),
+                bound + _f(r.speedup, ".2f") + "×" if _fin(r.speedup) else "not reached",
+                _ci(r.speedup_low, r.speedup_high, ".2f", r.n_seeds) if _fin(r.speedup) else DASH,
+                _f(100 * r.efficiency, ".0f") + "%" if _fin(r.efficiency) else DASH,
+                _f(r.sample_cost, ".2f") + "×" if _fin(r.sample_cost) else DASH,
+                _ci(r.sample_cost_low, r.sample_cost_high, ".2f", r.n_seeds) if _fin(r.sample_cost) else DASH,
+                _f(r.worker_seconds, ",.0f"),
+            ]
+        )
+    return Table(
+        "convergence",
+        f"Convergence scaling (time to episode return ≥ {st.target_return:g})",
+        [
+            "engine",
+            "workers",
+            "seeds reached",
+            "median s to target",
+            "set-up s",
+            "median env steps",
+            "speedup",
+            "95% CI",
+            "efficiency",
+            "sample cost",
+            "95% CI",
+            "worker-s",
+        ],  # fmt: skip
+        rows,
+        "Seconds of training to the target (set-up excluded, its median beside it) and env steps by then, median over "
+        "seeds; a seed that missed counts at what it ran, which makes the speedup a bound: ≤ where the count's own "
+        "seeds missed, ≥ where the fewest workers' did, ~ where both did. Speedup = T(fewest) / T(N), with a "
+        "bootstrap CI over both groups' seeds; efficiency = speedup / worker ratio; sample cost = env steps(N) / env "
+        "steps(fewest); worker-s = N × T(N), what a cloud bill charges.",
+    )
+
+
+def _fits_table(st: S.ReportStats) -> Table:
+    rows = []
+    for r in st.convergence_fits.to_dict("records"):
+        if r["model"] == "amdahl":
+            params = f"s = {_f(r['s'], '.3f')} {_ci(r.get('s_low'), r.get('s_high'), '.3f', 0)}"
+        else:
+            params = (
+                f"σ = {_f(r['sigma'], '.3f')} {_ci(r.get('sigma_low'), r.get('sigma_high'), '.3f', 0)}, "
+                f"κ = {_f(r['kappa'], '.4f')} {_ci(r.get('kappa_low'), r.get('kappa_high'), '.4f', 0)}"
+            )
+        best = DASH
+        if r["model"] == "usl":
+            most = max(int(w) for w in st.convergence.loc[st.convergence["engine"] == r["engine"], "workers"])
+            if not _fin(r["best_workers"]) or r["best_workers"] > 4 * most:
+                best = f"none up to {4 * most} (κ ≈ 0)"
+            else:
+                best = _f(r["best_workers"], ".1f") + (" (predicted)" if r["best_workers"] > most else "")
+        held = DASH
+        if _fin(r.get("holdout_workers")):
+            held = (
+                f"{int(r['holdout_workers'])} workers: predicted {_f(r['holdout_predicted'], '.2f')}×, "
+                f"measured {_f(r['holdout_measured'], '.2f')}×"
+            )
+        rows.append([r["engine"], str(r["measure"]), "Amdahl" if r["model"] == "amdahl" else "USL", params, best, held])
+    return Table(
+        "convergence-fits",
+        "Scaling models (speedup to target)",
+        ["engine", "measure", "model", "parameters (95% CI)", "best workers", f"fit up to {16}, predict the next"],
+        rows,
+        "Amdahl: S(n) = 1 / (s + (1 − s) / n), s the serial fraction; USL (Gunther): S(n) = n / (1 + σ(n − 1) + "
+        "κn(n − 1)), σ contention, κ coherency, best at √((1 − σ) / κ) workers (a prediction where it lies past the "
+        "measured counts); n = workers / fewest. CIs from refits on bootstrap draws of the seeds.",
+        frozenset({0, 1, 2, 3, 5}),
+    )
 
 
 def _with_layouts(
@@ -448,6 +537,8 @@ def _document(
             "time_to_target": _records(st.time_to_target),
             "throughput": _records(st.throughput),
             "scaling": _records(st.scaling),
+            "convergence": _records(st.convergence),
+            "convergence_fits": _records(st.convergence_fits),
             "improvement": _records(st.improvement),
             "cost": _records(st.cost),
             "problems": _records(st.problems),

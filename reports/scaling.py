@@ -139,6 +139,8 @@ def convergence_table(times: Mapping[str, Sequence[SeedTimes]], *, rng: np.rando
             ok_wall, ok_steps = g.wall_s[np.isfinite(g.wall_s)], g.steps[np.isfinite(g.steps)]
             speedup, s_lo, s_hi = _median_ratio_ci(base.wall_s[np.isfinite(base.wall_s)], ok_wall, rng=rng)
             cost, c_lo, c_hi = _median_ratio_ci(ok_steps, base.steps[np.isfinite(base.steps)], rng=rng)
+            if not (base.reached.any() and g.reached.any()):  # a ratio of two run lengths, not of times to target
+                speedup = s_lo = s_hi = cost = c_lo = c_hi = math.nan
             median_wall = float(np.median(ok_wall)) if ok_wall.size else math.nan
             rows.append(
                 dict(
@@ -295,13 +297,19 @@ def fit_models(
     return out
 
 
+def usable_for_fits(groups: Sequence[SeedTimes]) -> list[SeedTimes]:
+    """The worker counts a fit may use: some seed reached the target there, and at the fewest workers."""
+    usable = [g for g in groups if np.isfinite(g.wall_s).any() and g.reached.any()]
+    return usable if usable and usable[0].workers == groups[0].workers else []
+
+
 def convergence_fits(
     times: Mapping[str, Sequence[SeedTimes]], *, rng: np.random.Generator, reps: int = 300
 ) -> list[ModelFit]:
     """Both models on each engine's speedup to target, bootstrapped over its seeds (3 worker counts or more)."""
     fits: list[ModelFit] = []
     for engine, groups in times.items():
-        usable = [g for g in groups if np.isfinite(g.wall_s).any()]
+        usable = usable_for_fits(groups)
         if len(usable) < 3:
             continue
         workers = [g.workers for g in usable]
@@ -336,6 +344,12 @@ def convergence_sentences(table: pd.DataFrame, *, target: float) -> list[str]:
     for engine, rows in table.groupby("engine", sort=False):
         rows = rows.sort_values("workers")
         fewest, most = rows.iloc[0], rows.iloc[-1]
+        if not math.isfinite(most["speedup"]):
+            missed = int(fewest["workers"]) if fewest["n_reached"] == 0 else int(most["workers"])
+            out.append(
+                f"{engine}: no speedup to tell: no seed reached the target at {missed} worker{'s' * (missed != 1)}."
+            )
+            continue
         bound = {"upper": "at most ", "lower": "at least ", "none": "(misses on both sides) "}.get(
             str(most["bound"]), ""
         )

@@ -14,7 +14,7 @@ Only trials whose status is FINISHED count; the others are listed by the report 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -238,6 +238,9 @@ class ReportStats:
     agent_return: pd.DataFrame  # multi-agent envs: engine, workers, agent, n_seeds, iqm, ci_low, ci_high
     target_return: float  # NaN when the spec sets none
     budget_env_steps: int
+    # convergence scaling (reports/scaling.py): per engine with 2+ worker counts and a target; empty otherwise
+    convergence: pd.DataFrame = field(default_factory=pd.DataFrame)
+    convergence_fits: pd.DataFrame = field(default_factory=pd.DataFrame)  # Amdahl and USL, 3+ worker counts
 
 
 def engine_sort_key(engine: str) -> tuple[int, str]:
@@ -515,4 +518,20 @@ def compute(
         agent_return=agent_return_table(counted, points, rng=rng),
         target_return=float(targets.iloc[0]) if len(targets) else np.nan,
         budget_env_steps=int(trials["budget_env_steps"].max()) if len(trials) else 0,
+        **_convergence(counted, last_wall, last_step, rng=rng, has_target=bool(len(targets))),
     )
+
+
+def _convergence(
+    counted: pd.DataFrame, last_wall: pd.Series, last_step: pd.Series, *, rng: np.random.Generator, has_target: bool
+) -> dict[str, pd.DataFrame]:
+    """Convergence scaling and its fitted models, where the spec has a target and an engine several worker counts."""
+    if not has_target or counted.empty or counted.groupby("engine")["workers"].nunique().max() < 2:
+        return {}
+    from crossrl.reports import scaling as SC
+
+    times = SC.seed_times(counted, last_wall, last_step)
+    table = SC.convergence_table(times, rng=rng)
+    if not (table["speedup"].notna() & (table["workers"] > table.groupby("engine")["workers"].transform("min"))).any():
+        return {}  # no engine reached the target at two worker counts: nothing to scale (a smoke run's tiny budget)
+    return {"convergence": table, "convergence_fits": SC.fits_frame(SC.convergence_fits(times, rng=rng))}

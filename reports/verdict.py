@@ -227,6 +227,12 @@ def verdict(st: S.ReportStats) -> list[str]:
         ]
         prefix = f"{workers} worker{'s' if workers != 1 else ''}: " if len(counted) > 1 else ""
         out += [prefix + line for line in lines if line]
+    if not st.convergence.empty:
+        from crossrl.reports.scaling import convergence_sentences
+
+        out += [
+            f"Convergence scaling: {line}" for line in convergence_sentences(st.convergence, target=st.target_return)
+        ]
     if not out:
         out.append("No trial finished: nothing to compare (see the trials that did not finish, below).")
     if not st.problems.empty:

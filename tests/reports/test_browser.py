@@ -24,5 +24,5 @@ pytestmark = [
 def test_report_opens_and_draws_in_chromium(tmp_path: Path, frames: Any) -> None:
     trials, points, meta = frames
     paths = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path / "report")
-    shot = check_report_in_chromium(paths.html, tmp_path, engines=list(ENGINE_COLOURS))
+    shot = check_report_in_chromium(paths.html, tmp_path, engines=list(ENGINE_COLOURS), convergence=True)
     assert shot.stat().st_size > 10_000

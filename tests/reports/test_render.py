@@ -17,7 +17,7 @@ from crossrl.reports import stats as S
 from crossrl.reports.render import SCHEMA_VERSION, build_report, load_report_json
 from crossrl.scenarios import metrics as M
 
-FIGURES = ("return-vs-steps", "return-vs-wall", "throughput", "scaling", "time-to-target")
+FIGURES = ("return-vs-steps", "return-vs-wall", "throughput", "scaling", "convergence", "time-to-target")
 
 
 def _rows(doc: dict[str, Any], key: str) -> dict[tuple[str, int], dict[str, Any]]:
@@ -117,6 +117,23 @@ def test_json_numbers_equal_a_recomputation(rendered: Any) -> None:
         assert tt[key]["median_steps"] == (float(median) if np.isfinite(median) else None)
         assert tt[key]["n_reached"] == int(np.isfinite(steps).sum())
 
+    # convergence scaling: seconds to target, a miss at the training seconds it ran; speedup of the median seeds
+    ran = points[points.metric == M.WALL_TIME_S].groupby("run_id")["value"].max()
+    cv = _rows(doc, "convergence")
+
+    def to_target(g: pd.DataFrame) -> np.ndarray:
+        return np.where(g[M.STEPS_TO_TARGET].notna(), g[M.WALL_S_TO_TARGET], ran.reindex(g["run_id"]).to_numpy())
+
+    for key, g in groups.items():
+        base = groups[(key[0], 1)]
+        assert cv[key]["median_wall_s"] == pytest.approx(np.median(to_target(g)))
+        if g[M.STEPS_TO_TARGET].notna().any() and base[M.STEPS_TO_TARGET].notna().any():
+            assert cv[key]["speedup"] == pytest.approx(np.median(to_target(base)) / np.median(to_target(g)))
+            assert cv[key]["speedup_low"] <= cv[key]["speedup"] <= cv[key]["speedup_high"]
+        else:
+            assert cv[key]["speedup"] is None  # no seed reached it: no speedup to tell
+        assert cv[key]["worker_seconds"] == pytest.approx(key[1] * cv[key]["median_wall_s"])
+
     for r in doc["improvement"]:
         g = ok[ok.workers == r["workers"]]
         x = g[g.engine == r["engine_x"]][M.FINAL_RETURN_MEAN].to_numpy()
@@ -166,8 +183,10 @@ def test_renders_degenerate_experiments(tmp_path: Path, kwargs: dict[str, Any], 
     page = paths.html.read_text()
     has_target = kwargs.get("target", 450.0) is not None
     one_worker_count = len(kwargs.get("workers", (1, 2))) == 1  # no scaling figure: one point says nothing
-    assert page.count("<svg ") == (5 if has_target else 4) - one_worker_count
+    convergence = has_target and not one_worker_count  # speedup to the target needs a target and two counts
+    assert page.count("<svg ") == (5 if has_target else 4) - one_worker_count + convergence
     assert ('id="fig-time-to-target"' in page) == has_target
+    assert ('id="fig-convergence"' in page) == convergence == bool(doc["convergence"])
     assert ('id="fig-scaling"' in page) != one_worker_count
     assert (">speedup</th>" in page) != one_worker_count
     assert len(doc["problems"]) == len(trials[trials.status != "FINISHED"])

@@ -140,9 +140,10 @@ def _colour_pixels(img: np.ndarray, hex_colour: str, tol: int = 12) -> int:
     return int((np.abs(img[..., :3].astype(int) - rgb).max(axis=-1) <= tol).sum())
 
 
-def check_report_in_chromium(html: Path, tmp_path: Path, *, engines: list[str]) -> Path:
-    """Open ``html`` in headless Chromium; assert every figure is drawn with each engine's colour, no page
-    errors, no network requests. Returns the full-page screenshot's path."""
+def check_report_in_chromium(html: Path, tmp_path: Path, *, engines: list[str], convergence: bool = False) -> Path:
+    """Open ``html`` in headless Chromium; assert every figure is drawn with each engine's colour (the convergence
+    figure too where the report has one: ``convergence``), no page errors, no network requests. Returns the
+    full-page screenshot's path."""
     from PIL import Image
 
     browser = DevTools(user_data_dir=tmp_path / "chromium-profile", log=tmp_path / "chromium.log")
@@ -192,6 +193,7 @@ def check_report_in_chromium(html: Path, tmp_path: Path, *, engines: list[str]) 
 
     ids = {f["id"] for f in figures}
     expected = {"fig-return-vs-steps", "fig-return-vs-wall", "fig-throughput", "fig-scaling", "fig-time-to-target"}
+    expected |= {"fig-convergence"} if convergence else set()
     assert ids == expected, f"figures in the page: {sorted(ids)}"
     assert len(np.unique(img.reshape(-1, 3), axis=0)) > 50, "the screenshot is (nearly) one colour"
     for f in figures:
