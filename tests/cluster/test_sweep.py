@@ -145,7 +145,7 @@ def test_sigterm_kills_every_running_trial_and_resume_runs_the_rest(ray_cluster:
     for name, r in runs.items():
         assert r.data.tags["status"] == "KILLED", name  # type: ignore[attr-defined]
         assert r.data.tags["reason"] == "interrupted (SIGTERM)", name  # type: ignore[attr-defined]
-    hosts = [p for p in psutil.process_iter(["cmdline"]) if "ray::TrialHost" in " ".join(p.info["cmdline"] or [])]
+    hosts = [p for p in ray_cluster.processes() if "ray::TrialHost" in " ".join(p.cmdline())]  # this cluster's own
     _, alive = psutil.wait_procs(hosts, timeout=30)
     assert not alive, "trial actors left running after the launcher stopped"
 

@@ -272,12 +272,14 @@ def test_test_seed_runs_stopped_by_sigterm_are_taken_up_by_resume(results_dir: P
 
 @pytest.mark.integration
 @pytest.mark.system
-@pytest.mark.long(4)
+@pytest.mark.long(2)
 def test_a_sac_search_tunes_its_learning_rates_and_polyak_step_on_every_engine(
     results_dir: Path, tmp_path: Path
 ) -> None:
     """pendulum-sac's search space (actor_lr, critic_lr, tau), tiny: each engine's configurations carry the drawn
-    values under SAC's own names, and the chosen one runs on the test seed with them."""
+    values under SAC's own names, in the engine's own config too, and the chosen one is recorded with them. (`--no-test`:
+    how a chosen configuration runs on the test seeds is the same for every algorithm, checked by the ASHA search above;
+    its six SAC trials here took 150 s of CI.)"""
     spec = {
         "name": "tune-sac",
         "env": {"id": "Pendulum-v1"},
@@ -305,10 +307,9 @@ def test_a_sac_search_tunes_its_learning_rates_and_polyak_step_on_every_engine(
     }
     path = tmp_path / "tune-sac.yaml"
     path.write_text(yaml.safe_dump(spec))
-    stdout = _tune(path, results_dir)
-    assert "on the test seeds 0" in stdout
+    _tune(path, results_dir, "--no-test")
     store = ResultsStore(None, results_dir=results_dir)
-    tuned = {r.data.tags["tuned.searches"]: r for r in _runs(store, "tune-sac", TUNED_KIND)}
+    assert _runs(store, "tune-sac", TUNED_KIND) == []  # --no-test: no test-seed runs
     drawn = {}
     for engine, search in _searches(store, "tune-sac").items():
         configs = store.children(search)
@@ -317,9 +318,13 @@ def test_a_sac_search_tunes_its_learning_rates_and_polyak_step_on_every_engine(
             (float(r.data.params["hp.actor_lr"]), float(r.data.params["hp.critic_lr"]), float(r.data.params["hp.tau"]))
             for r in configs
         )
+        for run in configs:  # the drawn values reached the engine itself: its own config holds them
+            native = _numbers(json.loads(store.artifact_bytes(run.info.run_id, "native_config.json")))
+            for name in ("actor_lr", "critic_lr", "tau"):
+                value = float(run.data.params[f"hp.{name}"])
+                assert any(math.isclose(v, value, rel_tol=1e-6) for v in native), (engine, name, value)
         best = json.loads(search.data.tags["search.best_config"])
-        [trial] = store.children(tuned[search.info.run_id])
-        assert trial.data.tags["status"] == "FINISHED" and trial.data.tags["seed"] == "0"
+        chosen = next(r for r in configs if r.info.run_id == search.data.tags["search.best_run"])
         for name in ("actor_lr", "critic_lr", "tau"):
-            assert float(trial.data.params[f"hp.{name}"]) == pytest.approx(best[name]), (engine, name)
+            assert float(chosen.data.params[f"hp.{name}"]) == pytest.approx(best[name]), (engine, name)
     assert drawn["crossrl"] == drawn["rllib"] == drawn["torchrl"] and len(set(drawn["crossrl"])) == 2

@@ -49,6 +49,20 @@ class Cluster:
         psutil.wait_procs(tree, timeout=30)
         shutil.rmtree(self.local_dirs["crossrl_test_node_b"], ignore_errors=True)
 
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of the cluster's nodes (raylets, workers, actors), and no other process on the machine
+        (`make test-system` may run its own Ray beside the cluster tests)."""
+        out: list[psutil.Process] = []
+        for node in self.procs:
+            with contextlib.suppress(psutil.Error):
+                out += [psutil.Process(node.pid), *psutil.Process(node.pid).children(recursive=True)]
+        alive = []
+        for p in out:
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        return alive
+
     @property
     def env(self) -> dict[str, str]:
         """The environment a client of this cluster needs (`crossrl run --ray-address`)."""

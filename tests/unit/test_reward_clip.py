@@ -1,5 +1,5 @@
 """Reward clipping (``env.reward_clip``): the spec's default, and where each engine clips while the raw score is
-kept for the reports (the engines end to end: tests/integration/test_reward_clip.py)."""
+kept for the reports (the engines end to end: tests/integration/test_time_budget.py)."""
 
 from __future__ import annotations
 
