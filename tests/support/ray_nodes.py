@@ -141,6 +141,10 @@ def _probe(address: str) -> dict[str, str] | None:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
+STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL: `ray start --block` and its raylet outlived 30 s of SIGTERM (each cluster
+# test's teardown waited the whole 30 s: 180 s of CI); nothing a test reads is written at a node's exit
+
+
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
     tree: list[psutil.Process] = []
     for p in procs:
@@ -149,10 +153,14 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in reversed(procs):  # the second node first, then the head
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGTERM)
-    _, alive = psutil.wait_procs(tree, timeout=30)
+    _, alive = psutil.wait_procs(tree, timeout=STOP_GRACE_S)
     for q in alive:
         with contextlib.suppress(psutil.Error):
             q.kill()
+    psutil.wait_procs(alive, timeout=10)  # gone before the next test starts a cluster of its own
+    for p in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=5)
 
 
 @contextlib.contextmanager
