@@ -64,7 +64,9 @@ def test_a_time_budget_ends_each_trial_after_its_training_time_and_clipped_rewar
         both = wide[[M.EPISODE_RETURN_MEAN, M.EPISODE_LEN_MEAN]].dropna()
         assert len(both) >= 1, f"{row['trial']}: no episode ended"
         for step, (ret, length) in both.iterrows():
-            assert ret == pytest.approx(3.0 * length, rel=1e-6), f"{row['trial']} at {step}: return {ret}, length {length}"
+            assert ret == pytest.approx(3.0 * length, rel=1e-6), (
+                f"{row['trial']} at {step}: return {ret}, length {length}"
+            )
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     at_wall = report["return_at_wall"]
     assert {r["engine"] for r in at_wall} == {"crossrl", "rllib", "torchrl"}
