@@ -46,6 +46,13 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
         "throughput against the engine's smallest worker count; efficiency = speedup / (ratio of workers)",
     ),
     (
+        "convergence scaling",
+        "with several worker counts and a target: seconds of training to the target per worker count (a seed that "
+        "missed at what it ran, making the figure a bound); speedup = T(fewest) / T(N) with a bootstrap CI over seeds, "
+        "efficiency = speedup / worker ratio, sample cost = env steps(N) / env steps(fewest), worker-seconds = N x T(N); "
+        "Amdahl's law and the Universal Scalability Law fitted to the speedups",
+    ),
+    (
         "P(X > Y)",
         "the probability that a seed of X ends with a higher final return than a seed of Y (all pairs, ties count "
         "one half); 0.5 means no difference",
