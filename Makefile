@@ -18,13 +18,17 @@ install: $(STAMP)
 # core (75 of the install's 126 s here); compileall does it on all cores instead (44 s on 2). Its exit
 # status is not checked: some packages ship files that are not Python 3 (test data), as pip ignores too.
 # setuptools says once per editable install that folders named like the package may shadow it: information
-# only (crossrl is the repository root itself), so that one message is filtered out.
+# only (crossrl is the repository root itself), so that one message is filtered out. pip prints errors only
+# (-qq): a machine whose pip configuration names an extra index that lacks a package gets one warning per
+# package otherwise ("Location ... is ignored"), about that configuration, not about crossrl; `pip check`
+# below still checks the installed set. PIP_QUIET=-q shows pip's warnings again.
+PIP_QUIET ?= -qq
 $(STAMP): requirements.txt constraints.txt pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q --no-compile torch==2.13.0
-	$(PIP) install -q --no-compile -c constraints.txt -r requirements.txt
-	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -c constraints.txt --no-deps -e .
+	$(PIP) install $(PIP_QUIET) --upgrade pip
+	$(PIP) install $(PIP_QUIET) --no-compile torch==2.13.0
+	$(PIP) install $(PIP_QUIET) --no-compile -c constraints.txt -r requirements.txt
+	PYTHONWARNINGS="ignore:Editable installation" $(PIP) install $(PIP_QUIET) -c constraints.txt --no-deps -e .
 	$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') >/dev/null 2>&1 || true
 	$(PIP) check
 	touch $(STAMP)
