@@ -89,6 +89,29 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None, marks: Sequen
             "Interquartile mean over seeds of each trial's final return; stratified bootstrap CI.",
         )
     ]
+    if not st.final_at_common.empty:
+        tables.append(
+            Table(
+                "final-return-at-common-steps",
+                "Final return at the env steps every trial reached",
+                ["engine", "workers", "seeds", "env steps", "IQM return", "95% CI"],
+                [
+                    [
+                        r.engine,
+                        str(r.workers),
+                        str(r.n_seeds),
+                        f"{int(r.common_step):,}",
+                        _f(r.iqm, ".1f"),
+                        _ci(r.ci_low, r.ci_high, ".1f", r.n_seeds),
+                    ]
+                    for r in st.final_at_common.itertuples()
+                ],
+                "The trials of these worker counts ended at different env steps (a time budget, an engine's larger "
+                "batches): each trial's mean return over its episodes in the last 10 % of the env steps every trial "
+                "reached (its last point before them where none ended there); IQM over seeds, stratified bootstrap CI. "
+                "The verdict compares these.",
+            )
+        )
     if int((st.return_at_wall["n_seeds"] > 0).sum() if not st.return_at_wall.empty else 0) >= 2:
         # a comparison at equal training time needs two engines with a seed in it; otherwise it shows nothing
         horizon = float(st.return_at_wall["wall_s"].iloc[0])
@@ -143,7 +166,10 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None, marks: Sequen
                 rows.append([r.engine, str(r.workers), seeds, _f(r.median_steps, ",.0f"), _secs(r.median_wall_s)])
             else:
                 wall = f"not reached in {_secs(r.wall_censored_at)} s" if _fin(r.wall_censored_at) else "not reached"
-                rows.append([r.engine, str(r.workers), seeds, f"not reached in {r.steps_censored_at:,} steps", wall])
+                why = f" ({r.censored_by})" if getattr(r, "censored_by", "") else ""
+                rows.append(
+                    [r.engine, str(r.workers), seeds, f"not reached in {r.steps_censored_at:,} env steps{why}", wall]
+                )
         tables.append(
             Table(
                 "time-to-target",
@@ -532,6 +558,7 @@ def _document(
             "target_return": st.target_return,
             "budget_env_steps": st.budget_env_steps,
             "final_return": _records(st.final_return),
+            "final_return_at_common_steps": _records(st.final_at_common),
             "return_at_wall": _records(st.return_at_wall),
             "agent_return": _records(st.agent_return),
             "time_to_target": _records(st.time_to_target),

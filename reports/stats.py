@@ -238,6 +238,10 @@ class ReportStats:
     agent_return: pd.DataFrame  # multi-agent envs: engine, workers, agent, n_seeds, iqm, ci_low, ci_high
     target_return: float  # NaN when the spec sets none
     budget_env_steps: int
+    # worker counts whose trials ended at different env steps: the final return compared at the most every trial
+    # reached (at_common_step): workers, engine, ..., common_step, steps_min, steps_max; empty where none differ
+    final_at_common: pd.DataFrame = field(default_factory=pd.DataFrame)
+    improvement_at_common: pd.DataFrame = field(default_factory=pd.DataFrame)
     # convergence scaling (reports/scaling.py): per engine with 2+ worker counts and a target; empty otherwise
     convergence: pd.DataFrame = field(default_factory=pd.DataFrame)
     convergence_fits: pd.DataFrame = field(default_factory=pd.DataFrame)  # Amdahl and USL, 3+ worker counts
@@ -290,6 +294,10 @@ def return_at_wall_table(counted: pd.DataFrame, wide: pd.DataFrame, *, rng: np.r
     weights = window[M.EPISODES_THIS_POINT].fillna(1.0) if M.EPISODES_THIS_POINT in window else 1.0
     weighted = window.assign(w=weights, wr=weights * window[M.EPISODE_RETURN_MEAN])
     per_run = weighted.groupby("run_id")["wr"].sum() / weighted.groupby("run_id")["w"].sum()
+    # a trial whose iterations are longer than the window had no episode end in it: its last point before the time
+    # counts instead, so every trial that trained that long has a value (not only those with short iterations)
+    before = runs[runs[M.WALL_TIME_S] <= horizon].dropna(subset=[M.EPISODE_RETURN_MEAN])
+    per_run = per_run.combine_first(before.sort_values(M.WALL_TIME_S).groupby("run_id")[M.EPISODE_RETURN_MEAN].last())
     rows = []
     for engine, workers, g in _groups(counted):
         x = per_run.reindex(g["run_id"]).to_numpy(dtype=float)
@@ -300,6 +308,41 @@ def return_at_wall_table(counted: pd.DataFrame, wide: pd.DataFrame, *, rng: np.r
             dict(engine=engine, workers=workers, n_seeds=int(x.size), wall_s=horizon, iqm=value, ci_low=lo, ci_high=hi)
         )
     return pd.DataFrame(rows, columns=cols)
+
+
+UNEQUAL_STEPS = (
+    0.9  # trials of one worker count "ended at different env steps" when the fewest is below 90 % of the most
+)
+
+
+def at_common_step(counted: pd.DataFrame, wide: pd.DataFrame, last_step: pd.Series) -> pd.DataFrame:
+    """Where the trials of a worker count ended at different env steps (time budgets, an engine's big batches): each
+    trial's return at the largest env step every one of them reached, as ``final_return_mean`` is taken (the mean of
+    its episodes in the last 10 % of that many env steps, or its last point before it where none ended there).
+
+    Returns ``counted`` with ``final_return_mean`` replaced by that value and the columns ``common_step``,
+    ``steps_min``, ``steps_max`` added, for the worker counts whose trials differ; empty when none do."""
+    out = []
+    for workers, g in counted.groupby("workers", sort=True):
+        steps = last_step.reindex(g["run_id"]).to_numpy(dtype=float)
+        if not np.isfinite(steps).all() or steps.min() >= UNEQUAL_STEPS * steps.max():
+            continue
+        common = float(steps.min())
+        runs = wide[wide["run_id"].isin(g["run_id"]) & (wide["step"] <= common)].dropna(subset=[M.EPISODE_RETURN_MEAN])
+        window = runs[runs["step"] >= 0.9 * common]
+        weights = window[M.EPISODES_THIS_POINT].fillna(1.0) if M.EPISODES_THIS_POINT in window else 1.0
+        weighted = window.assign(w=weights, wr=weights * window[M.EPISODE_RETURN_MEAN])
+        value = weighted.groupby("run_id")["wr"].sum() / weighted.groupby("run_id")["w"].sum()
+        value = value.combine_first(runs.sort_values("step").groupby("run_id")[M.EPISODE_RETURN_MEAN].last())
+        out.append(
+            g.assign(
+                **{M.FINAL_RETURN_MEAN: value.reindex(g["run_id"]).to_numpy(dtype=float)},
+                common_step=int(common),
+                steps_min=int(steps.min()),
+                steps_max=int(steps.max()),
+            )
+        )
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
 def curves_table(
@@ -328,8 +371,9 @@ def time_to_target(counted: pd.DataFrame, last_wall: pd.Series, last_step: pd.Se
 
     A seed that never reached the target counts as +inf, so the median is NaN and ``median_reached``
     False ("not reached in N steps") whenever half the seeds or more did not reach it (an even count
-    splits on an unreached seed, so it counts as not reached); ``steps_censored_at`` (the env-step budget,
-    or with a time budget the most env steps an unreached seed sampled) and
+    splits on an unreached seed, so it counts as not reached); ``steps_censored_at`` (the most env steps an
+    unreached seed sampled: the env-step budget, or less where a time budget stopped it first, then
+    ``censored_by`` says "time budget") and
     ``wall_censored_at`` (the longest training wall time of an unreached seed, s) say how long they
     tried. Per-seed values are kept (``None`` = not reached) for the figure.
     """
@@ -341,6 +385,11 @@ def time_to_target(counted: pd.DataFrame, last_wall: pd.Series, last_step: pd.Se
         med_steps = float(np.median(np.where(reached, steps, np.inf))) if steps.size else np.inf
         med_wall = float(np.median(np.where(np.isfinite(wall), wall, np.inf))) if wall.size else np.inf
         unreached_wall = last_wall.reindex(g.loc[~reached, "run_id"]).to_numpy(dtype=float)
+        sampled = last_step.reindex(g.loc[~reached, "run_id"]).to_numpy(dtype=float)
+        budget = int(g["budget_env_steps"].max() or 0)
+        # a miss counts at what it sampled: the env-step budget, or less where a time budget (or a failure to
+        # reach the budget's last point) stopped it first
+        censored = int(np.nanmax(sampled)) if np.isfinite(sampled).any() else budget
         rows.append(
             dict(
                 engine=engine,
@@ -350,8 +399,8 @@ def time_to_target(counted: pd.DataFrame, last_wall: pd.Series, last_step: pd.Se
                 median_reached=bool(np.isfinite(med_steps)),
                 median_steps=med_steps if np.isfinite(med_steps) else None,
                 median_wall_s=med_wall if np.isfinite(med_wall) else None,
-                steps_censored_at=int(g["budget_env_steps"].max())
-                or int(np.nanmax(last_step.reindex(g.loc[~reached, "run_id"]).to_numpy(dtype=float), initial=0)),
+                steps_censored_at=censored,
+                censored_by="time budget" if budget and censored < budget else "",
                 wall_censored_at=float(np.nanmax(unreached_wall)) if np.isfinite(unreached_wall).any() else None,
                 seeds=[int(s) for s in g["seed"]],
                 steps_per_seed=[float(s) if np.isfinite(s) else None for s in steps],
@@ -519,7 +568,22 @@ def compute(
         target_return=float(targets.iloc[0]) if len(targets) else np.nan,
         budget_env_steps=int(trials["budget_env_steps"].max()) if len(trials) else 0,
         **_convergence(counted, last_wall, last_step, rng=rng, has_target=bool(len(targets))),
+        **_at_common(counted, wide, last_step, rng=rng),
     )
+
+
+def _at_common(
+    counted: pd.DataFrame, wide: pd.DataFrame, last_step: pd.Series, *, rng: np.random.Generator
+) -> dict[str, pd.DataFrame]:
+    common = at_common_step(counted, wide, last_step)
+    if common.empty:
+        return {}
+    table = final_return_table(common, rng=rng)
+    spans = common.groupby("workers")[["common_step", "steps_min", "steps_max"]].first().reset_index()
+    return {
+        "final_at_common": table.merge(spans, on="workers", how="left"),
+        "improvement_at_common": improvement_table(common, rng=rng),
+    }
 
 
 def _convergence(

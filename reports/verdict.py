@@ -89,15 +89,15 @@ def _fin(x: Any) -> bool:
 
 
 def _improvement(
-    st: S.ReportStats, workers: int, best: str, second: str
+    improvement: pd.DataFrame, workers: int, best: str, second: str
 ) -> tuple[float, float, float, int, str, float] | None:
     """P(best > second), its CI, the fewer seeds of the two, "" (or, with fewer than 2 seeds, who has only one) and
     the rank test's p-value."""
-    rows = st.improvement[
-        (st.improvement["workers"] == workers)
+    rows = improvement[
+        (improvement["workers"] == workers)
         & (
-            ((st.improvement["engine_x"] == best) & (st.improvement["engine_y"] == second))
-            | ((st.improvement["engine_x"] == second) & (st.improvement["engine_y"] == best))
+            ((improvement["engine_x"] == best) & (improvement["engine_y"] == second))
+            | ((improvement["engine_x"] == second) & (improvement["engine_y"] == best))
         )
     ]
     if rows.empty:
@@ -117,8 +117,23 @@ def _improvement(
 
 def _final_return(st: S.ReportStats, workers: int) -> str | None:
     """The best final return, named only when the difference shows at the printed precision and the CI of P(best >
-    runner-up) excludes a tie; otherwise "no clear difference", and "no conclusion" from one seed."""
-    fr = st.final_return[(st.final_return["workers"] == workers) & st.final_return["iqm"].notna()]
+    runner-up) excludes a tie; otherwise "no clear difference", and "no conclusion" from one seed. Where the trials
+    ended at different env steps, the comparison is made at the most every trial reached, and said so."""
+    common = st.final_at_common
+    if not common.empty and workers in set(common["workers"]):
+        span = common[common["workers"] == workers].iloc[0]
+        said = (
+            f"the trials ended at different env steps ({int(span['steps_min']):,}-{int(span['steps_max']):,}: time "
+            f"budgets or unequal batches), so they are compared at {int(span['common_step']):,} env steps, the most "
+            "every one reached"
+        )
+        line = _final_return_of(st.final_at_common, st.improvement_at_common, workers)
+        return None if line is None else f"{line[:-1]}; {said}."
+    return _final_return_of(st.final_return, st.improvement, workers)
+
+
+def _final_return_of(final: pd.DataFrame, improvement: pd.DataFrame, workers: int) -> str | None:
+    fr = final[(final["workers"] == workers) & final["iqm"].notna()]
     if fr.empty:
         return None
     fr = fr.sort_values("iqm", ascending=False)
@@ -129,7 +144,7 @@ def _final_return(st: S.ReportStats, workers: int) -> str | None:
     if len(fr) == 1:
         return f"Final return: {best} alone ({iqms})."
     second = str(fr.iloc[1]["engine"])
-    found = _improvement(st, workers, best, second)
+    found = _improvement(improvement, workers, best, second)
     if found is None:
         return f"Final return: no conclusion ({iqms}; no paired comparison)."
     p, lo, hi, n, alone, rank_p = found

@@ -70,7 +70,7 @@ def test_markdown_has_the_tables(rendered: Any) -> None:
         assert title in md
     assert "| engine | workers | seeds | IQM final return | 95% CI |" in md
     assert "| rllib | 1 | 3 | " in md
-    assert "not reached in 20,000 steps" in md  # rllib's synthetic curve stops below the target
+    assert "not reached in 20,000 env steps" in md  # rllib's synthetic curve stops below the target
     assert "| torchrl | 2 | 1 | " in md and "— (1 seed)" in md
     for _, r in trials[trials.status != "FINISHED"].iterrows():
         assert f"| {r['trial']} | {r['engine']} | {r['workers']} | {r['seed']} | {r['status']} | " in md

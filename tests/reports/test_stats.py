@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -278,3 +279,76 @@ def test_agent_returns_by_hand() -> None:
     assert ar.loc["agent_0", "ci_low"] == pytest.approx(-13.0) and ar.loc["agent_0", "ci_high"] == pytest.approx(-8.0)
     # single-agent runs have no per-agent table
     assert S.compute(trials=trials, points=_points({"r0": [(10, 1.0, 1.0, 1.0)]}), rng=rng()).agent_return.empty
+
+
+def test_a_miss_is_censored_at_the_env_steps_it_sampled_and_a_time_budget_is_named(tmp_path: Path) -> None:
+    """Trials a time budget stopped before the env-step budget (30,000) count at what they sampled, in the table's
+    text too: "not reached in 20,480 env steps (time budget)", not "in 30,000"."""
+    from crossrl.reports.render import build_report
+
+    nan = math.nan
+    trials = _trials([("rllib", 1, 0, "FINISHED", 10.0, nan, nan), ("rllib", 1, 1, "FINISHED", 12.0, nan, nan)])
+    trials["budget_env_steps"] = 30_000
+    points = _points(
+        {
+            "r0": [(0, 0.0, 0.0, 100.0), (14_336, 10.0, 80.0, 100.0)],
+            "r1": [(0, 0.0, 0.0, 100.0), (20_480, 12.0, 80.0, 100.0)],
+        }
+    )
+    st = S.compute(trials=trials, points=points, rng=rng(), grid_points=3)
+    [row] = st.time_to_target.to_dict("records")
+    assert row["steps_censored_at"] == 20_480 and row["censored_by"] == "time budget"
+    meta = {"scenario": "t", "spec": {"name": "t"}, "machine": {}, "versions": {}}
+    md = build_report(trials=trials, points=points, meta=meta, out_dir=tmp_path).markdown.read_text()
+    assert "not reached in 20,480 env steps (time budget)" in md and "30,000" not in md
+    # at the budget: no reason named
+    full = _points({"r0": [(0, 0.0, 0.0, 100.0), (30_000, 10.0, 80.0, 100.0)], "r1": [(30_512, 12.0, 80.0, 100.0)]})
+    [row] = S.compute(trials=trials, points=full, rng=rng(), grid_points=3).time_to_target.to_dict("records")
+    assert row["steps_censored_at"] == 30_512 and row["censored_by"] == ""
+
+
+def test_trials_that_ended_at_different_env_steps_are_compared_at_the_most_every_one_reached() -> None:
+    """A time budget stopped rllib's trials at 7,000 env steps and crossrl's at 15,000; both learn alike per env step.
+    The final returns (150 against 70) would crown crossrl; the verdict says the budgets differed and compares at
+    7,000, where they tie."""
+    from crossrl.reports.verdict import verdict
+
+    rows, curves = [], {}
+    for engine, end in (("crossrl", 15_000), ("rllib", 7_000)):
+        for seed in range(3):
+            rows.append((engine, 1, seed, "FINISHED", end / 100 + seed, math.nan, math.nan))
+            curves[f"r{len(rows) - 1}"] = [(s, s / 100 + seed, s / 1000, 100.0) for s in range(1000, end + 1, 1000)]
+    trials = _trials(rows)
+    trials["budget_env_steps"] = 30_000
+    st = S.compute(trials=trials, points=_points(curves), rng=rng(), grid_points=5)
+    common = st.final_at_common.set_index("engine")
+    assert set(common["common_step"]) == {7_000} and set(common["steps_max"]) == {15_000}
+    # the mean of each trial's episodes in 6,300..7,000 env steps: the 7,000 point (70 + seed)
+    assert common.loc["crossrl", "iqm"] == pytest.approx(common.loc["rllib", "iqm"]) == pytest.approx(71.0)
+    [line] = [x for x in verdict(st) if "inal return" in x]
+    assert "Best" not in line and "no clear difference" in line, line
+    assert "the trials ended at different env steps (7,000-15,000" in line and "compared at 7,000 env steps" in line
+    # equal budgets: no such sentence, and the same data's final returns are compared as they are
+    same = trials.copy()
+    same_curves = {r: [p for p in pts if p[0] <= 7_000] for r, pts in curves.items()}
+    st2 = S.compute(trials=same, points=_points(same_curves), rng=rng(), grid_points=5)
+    assert st2.final_at_common.empty
+    assert not any("different env steps" in x for x in verdict(st2))
+
+
+def test_the_equal_time_table_counts_a_trial_whose_last_point_falls_before_the_window() -> None:
+    """A trial whose iterations are longer than 10 % of the time has no episode end in the window: its last point
+    before the time counts, so every engine that trained that long has a seed in the table."""
+    nan = math.nan
+    trials = _trials([("crossrl", 1, 0, "FINISHED", 10.0, nan, nan), ("rllib", 1, 0, "FINISHED", 20.0, nan, nan)])
+    points = _points(
+        {
+            "r0": [(100 * i, float(i), float(i), 100.0) for i in range(11)],  # a point a second to 10 s
+            "r1": [(0, 0.0, 0.0, 100.0), (500, 5.0, 4.0, 100.0), (1000, 7.0, 12.0, 100.0)],  # 4 s, then 12 s
+        }
+    )
+    st = S.compute(trials=trials, points=points, rng=rng(), grid_points=3)
+    at = st.return_at_wall.set_index("engine")
+    assert at.loc["crossrl", "wall_s"] == 10.0  # the shortest training time among the trials
+    assert at.loc["rllib", "n_seeds"] == 1 and at.loc["rllib", "iqm"] == 5.0  # its last point before 10 s
+    assert at.loc["crossrl", "iqm"] == 9.5  # its points at 9 and 10 s, in the window (9..10 s)
