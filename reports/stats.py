@@ -323,7 +323,7 @@ def at_common_step(counted: pd.DataFrame, wide: pd.DataFrame, last_step: pd.Seri
     Returns ``counted`` with ``final_return_mean`` replaced by that value and the columns ``common_step``,
     ``steps_min``, ``steps_max`` added, for the worker counts whose trials differ; empty when none do."""
     out = []
-    for workers, g in counted.groupby("workers", sort=True):
+    for _, g in counted.groupby("workers", sort=True):
         steps = last_step.reindex(g["run_id"]).to_numpy(dtype=float)
         if not np.isfinite(steps).all() or steps.min() >= UNEQUAL_STEPS * steps.max():
             continue
