@@ -384,7 +384,9 @@ def engines() -> None:
         for info in infos.values():
             reason = info.reason_unsupported(algo)  # the engines' own text: "[obs, action]" is not markup
             cells.append(
-                f"[red]no[/red]: {escape(reason)}" if reason else f"[green]yes[/green]: {escape(info.supported[algo])}"
+                f"[red]no[/red]: {escape(reason)}"
+                if reason
+                else f"[green]yes[/green]: {escape(info.supported[algo])} [dim]({escape(info.spaces(algo))})[/dim]"
             )
         table.add_row(algo, *cells)
     _console().print(table)

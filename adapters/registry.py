@@ -17,6 +17,15 @@ from crossrl.scenarios.catalog import ALGORITHMS, ENGINES
 from crossrl.scenarios.loader import SpecError
 from crossrl.scenarios.spec import Trial
 
+# The spaces every engine's policies take (scenarios/checks.py space_problems refuses the others at validate): one
+# Q-value per action for the DQNs, a squashed Gaussian for SAC, a categorical or Gaussian head for the on-policy ones.
+ACTION_SPACES: dict[str, tuple[str, ...]] = {
+    "dqn": ("Discrete",),
+    "apex": ("Discrete",),
+    "sac": ("Box (bounded)",),
+}
+OBSERVATIONS = "Box (flat, or images with algorithm.model.conv)"
+
 
 @dataclass(frozen=True)
 class EngineInfo:
@@ -34,6 +43,13 @@ class EngineInfo:
     # "module:function": load_policy(trial, folder, *, greedy) -> act(obs), a trained policy from a checkpoint's
     # engine folder (`crossrl evaluate`); None: the engine cannot reload one
     policy_loader: str | None = None
+    # algorithm -> the action spaces the engine runs it on, where they differ from every engine's (ACTION_SPACES)
+    action_spaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def spaces(self, algorithm: str) -> str:
+        """The action and observation spaces this engine runs ``algorithm`` on, as `crossrl engines` prints them."""
+        actions = self.action_spaces.get(algorithm, ACTION_SPACES.get(algorithm, ("Discrete", "Box")))
+        return f"actions {' or '.join(actions)}; observations {OBSERVATIONS}"
 
     def reason_unsupported(self, algorithm: str) -> str | None:
         if algorithm in self.supported:
@@ -117,6 +133,8 @@ BUILTIN: dict[str, EngineInfo] = {
         unsupported={
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
         },
+        # orchestration/probes.py _torchrl_refusal: its on-policy learners build a categorical head only
+        action_spaces={"ppo": ("Discrete",), "a2c": ("Discrete",), "a3c": ("Discrete",), "impala": ("Discrete",)},
         multi_agent={
             "ppo": "PettingZooWrapper (a group per policy) + MultiAgentMLP(share_params=True); ClipPPOLoss + GAE per "
             "policy (IPPO)",

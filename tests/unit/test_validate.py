@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from crossrl.cli import app
 from crossrl.orchestration.probes import validate_probes
-from crossrl.scenarios.catalog import CROSSRL_SETTINGS, HYPERPARAM_DEFAULTS
+from crossrl.scenarios.catalog import ALGORITHMS, CROSSRL_SETTINGS, HYPERPARAM_DEFAULTS
 from crossrl.scenarios.checks import check_scenario, check_table, hyperparams_read, unread_hyperparams
 from crossrl.scenarios.loader import SpecError, load, validate
 from crossrl.scenarios.spec import AlgorithmSpec
@@ -319,6 +319,15 @@ def test_engines_prints_each_cell_as_the_engines_write_it() -> None:
     )
     for word in ("[obs,", "action],"):
         assert word in out, out[:2000]
+    # the spaces each engine runs each algorithm on, as validate holds them: TorchRL's PPO takes discrete actions
+    # only (validate refuses Pendulum's Box for it, test_trials_an_engine_refuses_once_started_are_listed)
+    infos = all_engines()
+    assert infos["torchrl"].spaces("ppo").startswith("actions Discrete;")
+    assert infos["crossrl"].spaces("ppo").startswith("actions Discrete or Box;")
+    assert infos["rllib"].spaces("sac").startswith("actions Box (bounded);")
+    assert all(info.spaces("dqn").startswith("actions Discrete;") for info in infos.values())
+    runnable = sum(info.reason_unsupported(a) is None for info in infos.values() for a in ALGORITHMS)
+    assert out.count("(actions") == runnable and out.count("observations") == runnable  # one per runnable cell
 
 
 def test_what_each_algorithm_reads_agrees_with_the_engines() -> None:
