@@ -339,7 +339,9 @@ def _fits_table(st: S.ReportStats) -> Table:
             )
         best = DASH
         if r["model"] == "usl":
-            most = max(int(w) for w in st.convergence.loc[st.convergence["engine"] == r["engine"], "workers"])
+            counts = [*st.convergence.loc[st.convergence["engine"] == r["engine"], "workers"]]
+            counts += [*st.throughput.loc[st.throughput["engine"] == r["engine"], "workers"]]
+            most = max(int(w) for w in counts)
             if not _fin(r["best_workers"]) or r["best_workers"] > 4 * most:
                 best = f"none up to {4 * most} (κ ≈ 0)"
             else:
@@ -353,7 +355,7 @@ def _fits_table(st: S.ReportStats) -> Table:
         rows.append([r["engine"], str(r["measure"]), "Amdahl" if r["model"] == "amdahl" else "USL", params, best, held])
     return Table(
         "convergence-fits",
-        "Scaling models (speedup to target)",
+        "Scaling models (speedup to target and in sampling throughput)",
         ["engine", "measure", "model", "parameters (95% CI)", "best workers", f"fit up to {16}, predict the next"],
         rows,
         "Amdahl: S(n) = 1 / (s + (1 − s) / n), s the serial fraction; USL (Gunther): S(n) = n / (1 + σ(n − 1) + "

@@ -327,6 +327,34 @@ def convergence_fits(
     return fits
 
 
+def throughput_fits(
+    counted: pd.DataFrame, per_trial: pd.Series, *, rng: np.random.Generator, reps: int = 300
+) -> list[ModelFit]:
+    """Both models on each engine's sampling-throughput speedup (each trial's median env steps/s over its iterations;
+    the ratio of the groups' medians), bootstrapped over the seeds, for engines with 3 worker counts or more."""
+    fits: list[ModelFit] = []
+    for engine, g in counted.groupby("engine", sort=True):
+        groups = []
+        for workers, gw in sorted(g.groupby("workers"), key=lambda t: int(t[0])):  # type: ignore[arg-type]
+            x = per_trial.reindex(gw["run_id"]).to_numpy(dtype=float)
+            x = x[np.isfinite(x) & (x > 0)]
+            if x.size:
+                groups.append((int(workers), x))
+        if len(groups) < 3:
+            continue
+
+        def speedups(r: np.random.Generator | None, gs: list[tuple[int, np.ndarray]] = groups) -> np.ndarray:
+            meds = [float(np.median(x if r is None else x[r.integers(0, x.size, x.size)])) for _, x in gs]
+            return np.array([m / meds[0] for m in meds], dtype=float)
+
+        workers = [w for w, _ in groups]
+        fits += fit_models(
+            str(engine), "throughput", workers, speedups(None), resampled=speedups, rng=rng, reps=reps,
+            predict=[2 * max(workers)],
+        )  # fmt: skip
+    return fits
+
+
 def doubling_limit(rows: pd.DataFrame) -> int | None:
     """The fewest workers beyond which a doubling buys less than :data:`DOUBLING_GAIN` (T(N) / T(2N) < 1.10), or None
     when every measured doubling still pays."""

@@ -567,7 +567,7 @@ def compute(
         agent_return=agent_return_table(counted, points, rng=rng),
         target_return=float(targets.iloc[0]) if len(targets) else np.nan,
         budget_env_steps=int(trials["budget_env_steps"].max()) if len(trials) else 0,
-        **_convergence(counted, last_wall, last_step, rng=rng, has_target=bool(len(targets))),
+        **_convergence(counted, last_wall, last_step, wide, rng=rng, has_target=bool(len(targets))),
         **_at_common(counted, wide, last_step, rng=rng),
     )
 
@@ -587,7 +587,13 @@ def _at_common(
 
 
 def _convergence(
-    counted: pd.DataFrame, last_wall: pd.Series, last_step: pd.Series, *, rng: np.random.Generator, has_target: bool
+    counted: pd.DataFrame,
+    last_wall: pd.Series,
+    last_step: pd.Series,
+    wide: pd.DataFrame,
+    *,
+    rng: np.random.Generator,
+    has_target: bool,
 ) -> dict[str, pd.DataFrame]:
     """Convergence scaling and its fitted models, where the spec has a target and an engine several worker counts."""
     if not has_target or counted.empty or counted.groupby("engine")["workers"].nunique().max() < 2:
@@ -598,4 +604,6 @@ def _convergence(
     table = SC.convergence_table(times, rng=rng)
     if not (table["speedup"].notna() & (table["workers"] > table.groupby("engine")["workers"].transform("min"))).any():
         return {}  # no engine reached the target at two worker counts: nothing to scale (a smoke run's tiny budget)
-    return {"convergence": table, "convergence_fits": SC.fits_frame(SC.convergence_fits(times, rng=rng))}
+    per_trial = wide.groupby("run_id")[M.SAMPLE_THROUGHPUT].median()
+    fits = SC.convergence_fits(times, rng=rng) + SC.throughput_fits(counted, per_trial, rng=rng)
+    return {"convergence": table, "convergence_fits": SC.fits_frame(fits)}

@@ -112,3 +112,19 @@ def test_one_worker_count_or_a_law_that_cannot_be_fitted_gives_no_row() -> None:
     assert SC.convergence_fits(SC.seed_times(counted, wall, steps), rng=np.random.default_rng(0)) == []  # 2 counts
     assert SC.best_count(0.1, 0.0) == math.inf
     assert SC.doubling_limit(pd.DataFrame({"workers": [1, 4], "median_wall_s": [10.0, 9.9]})) is None  # no doubling
+
+
+def test_the_models_fit_the_sampling_throughput_too() -> None:
+    """Each trial's median env steps/s; throughput that follows Amdahl's law with s = 0.1 gives s back."""
+    rng = np.random.default_rng(3)
+    rows, per_trial = [], {}
+    for w in WORKERS:
+        for s in range(4):
+            run = f"w{w}-s{s}"
+            rows.append({"run_id": run, "engine": "torchrl", "workers": w, "seed": s})
+            per_trial[run] = 1000.0 * float(SC.amdahl(w, 0.1)) * float(np.exp(rng.normal(0, 0.02)))
+    fits = {f.model: f for f in SC.throughput_fits(pd.DataFrame(rows), pd.Series(per_trial), rng=rng, reps=100)}
+    assert fits["amdahl"].measure == "throughput" and fits["amdahl"].params["s"] == pytest.approx(0.1, abs=0.015)
+    lo, hi = fits["amdahl"].ci["s"]
+    assert lo <= fits["amdahl"].params["s"] <= hi
+    assert fits["usl"].holdout is not None and fits["usl"].holdout["workers"] == 32
