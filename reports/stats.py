@@ -289,15 +289,7 @@ def return_at_wall_table(counted: pd.DataFrame, wide: pd.DataFrame, *, rng: np.r
     if runs.empty:
         return pd.DataFrame(columns=cols)
     horizon = float(runs.groupby("run_id")[M.WALL_TIME_S].max().min())
-    window = runs[(runs[M.WALL_TIME_S] <= horizon) & (runs[M.WALL_TIME_S] >= 0.9 * horizon)]
-    window = window.dropna(subset=[M.EPISODE_RETURN_MEAN])
-    weights = window[M.EPISODES_THIS_POINT].fillna(1.0) if M.EPISODES_THIS_POINT in window else 1.0
-    weighted = window.assign(w=weights, wr=weights * window[M.EPISODE_RETURN_MEAN])
-    per_run = weighted.groupby("run_id")["wr"].sum() / weighted.groupby("run_id")["w"].sum()
-    # a trial whose iterations are longer than the window had no episode end in it: its last point before the time
-    # counts instead, so every trial that trained that long has a value (not only those with short iterations)
-    before = runs[runs[M.WALL_TIME_S] <= horizon].dropna(subset=[M.EPISODE_RETURN_MEAN])
-    per_run = per_run.combine_first(before.sort_values(M.WALL_TIME_S).groupby("run_id")[M.EPISODE_RETURN_MEAN].last())
+    per_run = _return_up_to(runs, M.WALL_TIME_S, horizon)
     rows = []
     for engine, workers, g in _groups(counted):
         x = per_run.reindex(g["run_id"]).to_numpy(dtype=float)
@@ -308,6 +300,18 @@ def return_at_wall_table(counted: pd.DataFrame, wide: pd.DataFrame, *, rng: np.r
             dict(engine=engine, workers=workers, n_seeds=int(x.size), wall_s=horizon, iqm=value, ci_low=lo, ci_high=hi)
         )
     return pd.DataFrame(rows, columns=cols)
+
+
+def _return_up_to(runs: pd.DataFrame, x: str, end: float) -> pd.Series:
+    """Each run's mean return over the points in the last 10 % of ``x`` up to ``end`` (weighted by their episode
+    counts), as ``final_return_mean`` is taken; a run with no episode ending there (iterations longer than the window)
+    counts at its last point before ``end`` instead."""
+    before = runs[runs[x] <= end].dropna(subset=[M.EPISODE_RETURN_MEAN])
+    window = before[before[x] >= 0.9 * end]
+    weights = window[M.EPISODES_THIS_POINT].fillna(1.0) if M.EPISODES_THIS_POINT in window else 1.0
+    weighted = window.assign(w=weights, wr=weights * window[M.EPISODE_RETURN_MEAN])
+    per_run = weighted.groupby("run_id")["wr"].sum() / weighted.groupby("run_id")["w"].sum()
+    return per_run.combine_first(before.sort_values(x).groupby("run_id")[M.EPISODE_RETURN_MEAN].last())
 
 
 UNEQUAL_STEPS = (
@@ -328,12 +332,7 @@ def at_common_step(counted: pd.DataFrame, wide: pd.DataFrame, last_step: pd.Seri
         if not np.isfinite(steps).all() or steps.min() >= UNEQUAL_STEPS * steps.max():
             continue
         common = float(steps.min())
-        runs = wide[wide["run_id"].isin(g["run_id"]) & (wide["step"] <= common)].dropna(subset=[M.EPISODE_RETURN_MEAN])
-        window = runs[runs["step"] >= 0.9 * common]
-        weights = window[M.EPISODES_THIS_POINT].fillna(1.0) if M.EPISODES_THIS_POINT in window else 1.0
-        weighted = window.assign(w=weights, wr=weights * window[M.EPISODE_RETURN_MEAN])
-        value = weighted.groupby("run_id")["wr"].sum() / weighted.groupby("run_id")["w"].sum()
-        value = value.combine_first(runs.sort_values("step").groupby("run_id")[M.EPISODE_RETURN_MEAN].last())
+        value = _return_up_to(wide[wide["run_id"].isin(g["run_id"])], "step", common)
         out.append(
             g.assign(
                 **{M.FINAL_RETURN_MEAN: value.reindex(g["run_id"]).to_numpy(dtype=float)},
