@@ -24,7 +24,7 @@ ACTION_SPACES: dict[str, tuple[str, ...]] = {
     "apex": ("Discrete",),
     "sac": ("Box (bounded)",),
 }
-OBSERVATIONS = "Box (flat, or images with algorithm.model.conv)"
+OBSERVATIONS = "Box (flat, or images with algorithm.model.conv), or Dict / Tuple of vectors (flattened)"
 
 
 @dataclass(frozen=True)

@@ -96,7 +96,7 @@ def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:
         )
         env = ChannelsLast(gym.wrappers.FrameStackObservation(env, ATARI_FRAME_STACK))
     else:
-        env = guard(gym.make(spec.id, **kwargs), spec)
+        env = guard(flat_observations(gym.make(spec.id, **kwargs), spec.id), spec)
         if kind == "minatar":
             env = MinAtarFrames(env)
     if spec.actions == "unit":
@@ -104,6 +104,98 @@ def make_env(spec: EnvSpec, **overrides: Any) -> gym.Env:
     if spec.step_latency_ms > 0:
         env = StepLatency(env, spec.step_latency_ms)
     return env
+
+
+def flat_observations(env: gym.Env, env_id: str) -> gym.Env:
+    """``env`` with its Dict or Tuple observations flattened into one float32 vector (:class:`FlatObservations`);
+    an env with other observations as it is. An image among the parts cannot be flattened into an MLP's input
+    fairly: a ValueError naming it."""
+    space = env.observation_space
+    if not isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        return env
+    for where, leaf in _leaves(space, ""):
+        if isinstance(leaf, gym.spaces.Box) and len(leaf.shape) >= 2:
+            raise ValueError(
+                f"{env_id}: its observation part {where} is {leaf}, an array of {len(leaf.shape)} dimensions among "
+                f"{type(space).__name__} observations; crossrl flattens Dict and Tuple observations of vectors only: "
+                "give that part as a flat vector, or the image alone (a Box observation, with algorithm.model.conv)"
+            )
+        if not isinstance(
+            leaf, gym.spaces.Box | gym.spaces.Discrete | gym.spaces.MultiBinary | gym.spaces.MultiDiscrete
+        ):
+            raise ValueError(
+                f"{env_id}: its observation part {where} is {leaf}, which has no fixed-size vector form; crossrl "
+                "flattens Dict and Tuple observations of Box, Discrete, MultiBinary and MultiDiscrete parts"
+            )
+    return FlatObservations(env)
+
+
+def _leaves(space: gym.Space, where: str) -> list[tuple[str, gym.Space]]:
+    if isinstance(space, gym.spaces.Dict):
+        return [leaf for key, sub in space.spaces.items() for leaf in _leaves(sub, f"{where}[{key!r}]")]
+    if isinstance(space, gym.spaces.Tuple):
+        return [leaf for i, sub in enumerate(space.spaces) for leaf in _leaves(sub, f"{where}[{i}]")]
+    return [(where or "observation", space)]
+
+
+class FlatObservations(gym.ObservationWrapper):  # type: ignore[type-arg]
+    """Dict and Tuple observations as one float32 vector, the same on every engine (they all step :func:`make_env`):
+    gymnasium's ``spaces.flatten`` order, i.e. a Dict's parts in its keys' sorted order (gymnasium's ``Dict`` sorts a
+    plain dict's keys), a Tuple's in position order, nested ones depth first; a Box part row-major, a Discrete part
+    one-hot, MultiBinary as 0/1, MultiDiscrete one-hot per dimension. The bounds are the parts' bounds, cast to float32.
+    An observation that does not match the declared structure (a missing key, a part of another shape) raises a
+    ValueError naming it, which the env guard reports as the env's fault."""
+
+    def __init__(self, env: gym.Env) -> None:  # type: ignore[type-arg]
+        super().__init__(env)
+        self.source = env.observation_space
+        flat = gym.spaces.flatten_space(self.source)
+        assert isinstance(flat, gym.spaces.Box)
+        self.observation_space = gym.spaces.Box(
+            flat.low.astype(np.float32), flat.high.astype(np.float32), dtype=np.float32
+        )
+        self.size = int(flat.shape[0])
+
+    def observation(self, observation: Any) -> np.ndarray:
+        try:
+            out = np.asarray(gym.spaces.flatten(self.source, observation), dtype=np.float32)
+        except Exception as e:
+            out, why = None, f"{type(e).__name__}: {first_line(e)}"
+        if out is None or out.shape != (self.size,):
+            found = _mismatch(self.source, observation, "")
+            raise ValueError(
+                f"an observation that does not match its observation space {self.source}: "
+                f"{found or why if out is None else found or 'another number of values'}"
+            )
+        return out
+
+
+def _mismatch(space: gym.Space, obs: Any, where: str) -> str | None:  # type: ignore[type-arg]
+    """Where ``obs`` first leaves the structure of a Dict or Tuple ``space`` (a missing key, a part's shape)."""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(obs, dict):
+            return f"{where or 'the observation'} is a {type(obs).__name__}, not a dict"
+        for key, sub in space.spaces.items():
+            if key not in obs:
+                return f"{where}[{key!r}] is missing"
+            found = _mismatch(sub, obs[key], f"{where}[{key!r}]")
+            if found:
+                return found
+        return None
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(obs, tuple | list) or len(obs) != len(space.spaces):
+            return f"{where or 'the observation'} is not a tuple of {len(space.spaces)} parts"
+        for i, sub in enumerate(space.spaces):
+            found = _mismatch(sub, obs[i], f"{where}[{i}]")
+            if found:
+                return found
+        return None
+    shape = np.shape(obs)
+    if space.shape is not None and shape != space.shape:
+        return (
+            f"{where or 'the observation'} has shape {list(shape)} where its space {space} declares {list(space.shape)}"
+        )
+    return None
 
 
 def unit_actions(env: gym.Env, env_id: str) -> gym.Env:

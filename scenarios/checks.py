@@ -169,8 +169,8 @@ def space_problems(env: EnvSpec, algorithm: AlgorithmSpec, spaces: EnvSpaces) ->
         if not isinstance(obs, gs.Box):
             lines.append(
                 f"env.id: {env.id}{who} observes {obs}, not arrays; every engine's model reads array (Box) "
-                "observations: pick an env with array observations, or wrap this one (e.g. one-hot) in a module "
-                "named as 'module:Id'"
+                "observations, or Dict / Tuple ones of vectors (flattened, single-agent envs): pick such an env, or "
+                "wrap this one (e.g. one-hot) in a module named as 'module:Id'"
             )
         if algorithm.name in ("dqn", "apex") and not isinstance(act, gs.Discrete):
             lines.append(

@@ -137,3 +137,69 @@ def test_parallel_env_latency_wrapper_is_a_pettingzoo_parallel_env() -> None:
     env.step({a: 0 for a in env.agents})
     assert time.perf_counter() - t0 >= 0.02
     assert env.observation_space("agent_0").shape == (12,)
+
+
+# -- Dict and Tuple observations: flattened the same way for every engine (they all step make_env) ---------------
+
+
+class _DictEnv(gym.Env):  # type: ignore[type-arg]
+    """One step of a Dict observation; ``bad`` gives the "b" part a wrong shape, ``image`` adds an image part."""
+
+    def __init__(self, bad: bool = False, image: bool = False) -> None:
+        parts: dict[str, gym.Space] = {  # type: ignore[type-arg]
+            "b": gym.spaces.Box(-1.0, 1.0, (2,), np.float64),
+            "a": gym.spaces.Discrete(3),
+            "c": gym.spaces.Tuple((gym.spaces.Box(0.0, 5.0, (1,), np.float32), gym.spaces.MultiBinary(2))),
+        }
+        if image:
+            parts["pixels"] = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+        self.observation_space = gym.spaces.Dict(parts)
+        self.action_space = gym.spaces.Discrete(2)
+        self.bad = bad
+
+    def _obs(self) -> dict[str, object]:
+        b = np.array([0.25, -0.5, 0.0] if self.bad else [0.25, -0.5])
+        return {"b": b, "a": 2, "c": (np.array([4.0], np.float32), np.array([1, 0], np.int8))}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, object] | None = None):  # type: ignore[override]
+        return self._obs(), {}
+
+    def step(self, action: object):  # type: ignore[override]
+        return self._obs(), 1.0, True, False, {}
+
+
+for _id, _kw in (("DictObs-v0", {}), ("DictObsBad-v0", {"bad": True}), ("DictObsImage-v0", {"image": True})):
+    if _id not in gym.registry:
+        gym.register(id=_id, entry_point=_DictEnv, kwargs=_kw)  # type: ignore[arg-type]
+
+
+def test_dict_observations_flatten_in_sorted_key_order_as_float32() -> None:
+    env = make_env(EnvSpec(id="DictObs-v0"))
+    obs, _ = env.reset(seed=0)
+    # keys sorted: a (Discrete 3, one-hot), b (Box 2), c (Tuple: Box 1, then MultiBinary 2)
+    assert env.observation_space.shape == (8,) and env.observation_space.dtype == np.float32
+    assert obs.dtype == np.float32
+    assert obs.tolist() == [0.0, 0.0, 1.0, 0.25, -0.5, 4.0, 1.0, 0.0]
+    assert env.observation_space.contains(obs)
+    assert env.observation_space.high.tolist() == [1.0, 1.0, 1.0, 1.0, 1.0, 5.0, 1.0, 1.0]
+
+
+def test_a_tuple_observation_flattens_in_position_order() -> None:
+    pytest.importorskip("spaces_env")
+    env = make_env(EnvSpec(id="spaces_env:TupleCartPole-v0"))
+    plain = make_env(EnvSpec(id="CartPole-v1"))
+    obs, _ = env.reset(seed=3)
+    ref, _ = plain.reset(seed=3)
+    assert obs.tolist() == [*ref[2:4].tolist(), *ref[0:2].tolist()]  # (pole, cart), as the env gives them
+
+
+def test_an_observation_off_its_dict_space_is_the_envs_fault() -> None:
+    problem = check_env(EnvSpec(id="DictObsBad-v0"))
+    assert problem is not None and "does not match its observation space" in problem, problem
+    assert "['b'] has shape [3] where its space Box(-1.0, 1.0, (2,), float64) declares [2]" in problem, problem
+
+
+def test_an_image_inside_a_dict_is_refused_with_what_to_do() -> None:
+    problem = check_env(EnvSpec(id="DictObsImage-v0"))
+    assert problem is not None
+    assert "['pixels']" in problem and "flattens Dict and Tuple observations of vectors only" in problem, problem

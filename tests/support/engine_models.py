@@ -1,0 +1,53 @@
+"""Each engine's networks for a trial, built as the engines build them (parameter-count checks across engines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from crossrl.adapters.rllib import adapter as R
+from crossrl.adapters.torchrl.adapter import env_dims
+from crossrl.adapters.torchrl.algorithms import build_learner
+from crossrl.core import algorithms
+from crossrl.core.envs import make_env
+from crossrl.scenarios.spec import Trial
+
+
+def crossrl_nets(trial: Trial) -> tuple[Any, list[nn.Module]]:
+    env = make_env(trial.env)
+    alg = algorithms.load(trial.algorithm)
+    policy = alg.policy_cls(
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        hyperparams=alg.hyperparams(trial.hyperparams),
+        model=trial.model,
+        seed=0,
+    )
+    nets = [policy.q] if trial.algorithm == "dqn" else [policy.net["pi"], policy.net["vf"]]
+    return policy, nets
+
+
+def torchrl_model(trial: Trial) -> list[nn.Module]:
+    """TorchRL's networks for ``trial``'s env (discrete actions): the Q-network, or the actor and the critic."""
+    obs_shape, n_actions = env_dims(trial.env)
+    learner: Any = build_learner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
+    return [learner.qnet] if trial.algorithm == "dqn" else [learner.actor_net, learner.critic_net]
+
+
+def rllib_module(trial: Trial) -> Any:
+    config = R.build_config(
+        trial, plan=R.plan_resources(algorithm=trial.algorithm, workers=1, available_cpus=2), env_name="x"
+    )
+    env = make_env(trial.env)
+    spec = config.rl_module_spec
+    spec.observation_space, spec.action_space, spec.model_config = (
+        env.observation_space,
+        env.action_space,
+        config.model_config,
+    )
+    return spec.build()
+
+
+def count(modules: list[nn.Module]) -> int:
+    return sum(p.numel() for m in modules for name, p in m.named_parameters() if "target" not in name)
