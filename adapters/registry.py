@@ -18,7 +18,8 @@ from crossrl.scenarios.loader import SpecError
 from crossrl.scenarios.spec import Trial
 
 # The spaces every engine's policies take (scenarios/checks.py space_problems refuses the others at validate): one
-# Q-value per action for the DQNs, a squashed Gaussian for SAC, a categorical or Gaussian head for the on-policy ones.
+# Q-value per action for the DQNs, a squashed Gaussian for SAC, a categorical, factored categorical (MultiDiscrete: one
+# per dimension, log-probabilities summed) or Gaussian head for the on-policy ones.
 ACTION_SPACES: dict[str, tuple[str, ...]] = {
     "dqn": ("Discrete",),
     "apex": ("Discrete",),
@@ -48,7 +49,7 @@ class EngineInfo:
 
     def spaces(self, algorithm: str) -> str:
         """The action and observation spaces this engine runs ``algorithm`` on, as `crossrl engines` prints them."""
-        actions = self.action_spaces.get(algorithm, ACTION_SPACES.get(algorithm, ("Discrete", "Box")))
+        actions = self.action_spaces.get(algorithm, ACTION_SPACES.get(algorithm, ("Discrete", "MultiDiscrete", "Box")))
         return f"actions {' or '.join(actions)}; observations {OBSERVATIONS}"
 
     def reason_unsupported(self, algorithm: str) -> str | None:

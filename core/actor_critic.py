@@ -30,7 +30,7 @@ from crossrl.core.numpy_net import (
     same_layout,
     write_actor_critic,
 )
-from crossrl.core.policy import FragmentActor, Policy
+from crossrl.core.policy import FragmentActor, Policy, StepwiseActor
 from crossrl.core.sample_batch import SampleBatch
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ModelSpec
@@ -77,13 +77,21 @@ class ActorCriticPolicy(Policy):
         self.obs_dim = int(np.prod(self.obs_shape))
         self.conv = bool(model.conv)  # a conv model acts through torch (numpy_net runs MLPs only)
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        # MultiDiscrete actions: a factored categorical head, one categorical per dimension over its logits' slice
+        # (the dimensions' sizes in order), log-probabilities and entropies summed over the dimensions.
+        self.nvec: tuple[int, ...] | None = None
         if self.discrete:
             assert isinstance(action_space, gym.spaces.Discrete)
             act_dim = int(action_space.n)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            if action_space.nvec.ndim != 1:
+                raise TypeError(f"ActorCriticPolicy takes one-dimensional MultiDiscrete actions, got {action_space}")
+            self.nvec = tuple(int(n) for n in action_space.nvec)
+            act_dim = sum(self.nvec)
         elif isinstance(action_space, gym.spaces.Box):
             act_dim = int(np.prod(action_space.shape))
         else:
-            raise TypeError(f"ActorCriticPolicy supports Discrete and Box actions, got {action_space}")
+            raise TypeError(f"ActorCriticPolicy supports Discrete, MultiDiscrete and Box actions, got {action_space}")
         self.act_dim = act_dim
         # Weights live in the torch modules once built (self._torch), in _np_weights before that.
         self._torch: tuple[nn.ModuleDict, list[nn.Parameter], torch.optim.Optimizer] | None = None
@@ -107,7 +115,7 @@ class ActorCriticPolicy(Policy):
                     "vf": build_net(obs_shape=shape, out_dim=1, model=spec, out_gain=1.0),
                 }
             )
-            if not self.discrete:
+            if self.gaussian:
                 net.register_parameter("log_std", nn.Parameter(torch.zeros(self.act_dim)))
             if self._np_weights is not None:
                 net.load_state_dict({k: torch.as_tensor(v) for k, v in self._np_weights.items()})
@@ -134,10 +142,34 @@ class ActorCriticPolicy(Policy):
         return float(self.hp["lr"])
 
     # -- acting ------------------------------------------------------------------------------------
+    @property
+    def gaussian(self) -> bool:
+        """Box actions: a diagonal Gaussian head (a state-independent log std per action dimension)."""
+        return not self.discrete and self.nvec is None
+
+    def _multi_actions(self, logits: np.ndarray, *, explore: bool) -> tuple[np.ndarray, np.ndarray]:
+        """MultiDiscrete: (actions [B, D], their log-probability [B]), one categorical per dimension."""
+        assert self.nvec is not None
+        actions = np.empty((len(logits), len(self.nvec)), np.int64)
+        logp = np.zeros(len(logits), np.float64)
+        start = 0
+        for d, n in enumerate(self.nvec):
+            part = logits[:, start : start + n]
+            start += n
+            if explore:
+                actions[:, d] = np.argmax(part - np.log(self.rng.standard_exponential(part.shape, np.float32)), axis=1)
+            else:
+                actions[:, d] = np.argmax(part, axis=1)
+            chosen = part[np.arange(len(part)), actions[:, d]]
+            logp -= np.log(np.exp(part - chosen[:, None]).sum(axis=1))
+        return actions, logp
+
     def compute_actions(self, obs: np.ndarray, *, explore: bool = True) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         out, log_std = self._outputs(obs)
         values = out[:, -1]
-        if self.discrete:
+        if self.nvec is not None:
+            actions, logp = self._multi_actions(out[:, :-1], explore=explore)
+        elif self.discrete:
             logits = out[:, :-1]
             if explore:
                 # Gumbel-max via exponential race: argmax(logits - log E), E ~ Exp(1), samples softmax(logits).
@@ -156,6 +188,8 @@ class ActorCriticPolicy(Policy):
         return actions, {sb.LOGP: logp.astype(np.float32), sb.VF_PREDS: values.astype(np.float32)}
 
     def fragment_actor(self, *, num_steps: int, num_envs: int) -> FragmentActor:
+        if self.nvec is not None:  # MultiDiscrete: compute_actions per step (the fast actors take one categorical)
+            return StepwiseActor(self, num_steps)
         if self.conv:
             return ConvFragmentActor(self, num_steps=num_steps, num_envs=num_envs)
         return NumpyFragmentActor(
@@ -186,7 +220,7 @@ class ActorCriticPolicy(Policy):
         with torch.no_grad():
             frames = self._frames(obs)
             out = torch.cat([self.net["pi"](frames), self.net["vf"](frames)], dim=1).numpy()
-            log_std = None if self.discrete else self.net.get_parameter("log_std").numpy().copy()
+            log_std = self.net.get_parameter("log_std").numpy().copy() if self.gaussian else None
         return out, log_std
 
     def conv_values(self, obs: np.ndarray) -> np.ndarray:
@@ -218,7 +252,9 @@ class ActorCriticPolicy(Policy):
         module call (dispatch overhead).
         """
         if self._np_cache is None:
-            self._np_cache = actor_critic_net(self.get_weights(), self.model_spec.activation, discrete=self.discrete)
+            self._np_cache = actor_critic_net(
+                self.get_weights(), self.model_spec.activation, discrete=not self.gaussian
+            )
         return self._np_cache
 
     # -- postprocessing ------------------------------------------------------------------------------
@@ -257,7 +293,15 @@ class ActorCriticPolicy(Policy):
         x = self.net_input(obs)
         out = self.net["pi"](x)
         values = self.net["vf"](x)[:, 0]
-        if self.discrete:
+        if self.nvec is not None:
+            a = actions.reshape(-1, len(self.nvec)).long()
+            logp = torch.zeros(len(out), dtype=out.dtype, device=out.device)
+            entropy = torch.zeros_like(logp)
+            for d, part in enumerate(torch.split(out, list(self.nvec), dim=-1)):
+                logp_all = torch.log_softmax(part, dim=-1)
+                logp = logp + logp_all.gather(1, a[:, d : d + 1])[:, 0]
+                entropy = entropy - (logp_all.exp() * logp_all).sum(-1)
+        elif self.discrete:
             logp_all = torch.log_softmax(out, dim=-1)
             a = actions.reshape(-1).long()
             logp = logp_all.gather(1, a[:, None])[:, 0]

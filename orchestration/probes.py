@@ -101,6 +101,11 @@ def _torchrl_refusal(trial: Any, spaces: Any) -> str | None:
                     "set env.actions: unit (sac's default) or run it on crossrl or rllib"
                 )
             continue
+        if isinstance(act, gs.MultiDiscrete):
+            return (
+                f"torchrl runs {trial.algorithm} on single Discrete actions (it has no factored MultiDiscrete head "
+                f"here), and {trial.env.id}{who} has {act}; run {trial.algorithm} on crossrl or rllib (--engines)"
+            )
         if not isinstance(act, gs.Discrete):
             # adapters/torchrl/adapter.py env_dims reads the number of discrete actions; torchrl/multi_agent.py ma_env_dims likewise
             takes = "sac (continuous actions)" if trial.algorithm != "sac" else "discrete-action algorithms"

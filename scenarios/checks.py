@@ -189,10 +189,15 @@ def space_problems(env: EnvSpec, algorithm: AlgorithmSpec, spaces: EnvSpaces) ->
                 f"algorithm.name: sac squashes its actions into the env's bounds, but {env.id}{who} has unbounded "
                 f"actions {act}; wrap the env with finite bounds, or use ppo"
             )
-        elif not isinstance(act, gs.Discrete | gs.Box):
+        elif isinstance(act, gs.MultiDiscrete) and act.nvec.ndim != 1:
             lines.append(
-                f"env.id: {env.id}{who} has {act} actions; the engines' policies take discrete (Discrete) or "
-                "continuous (Box) actions"
+                f"env.id: {env.id}{who} has {act} actions, a MultiDiscrete of {act.nvec.ndim} dimensions; the engines' "
+                "factored categorical heads take one-dimensional MultiDiscrete actions (flatten its nvec)"
+            )
+        elif not isinstance(act, gs.Discrete | gs.Box | gs.MultiDiscrete):
+            lines.append(
+                f"env.id: {env.id}{who} has {act} actions; the engines' policies take discrete (Discrete), several "
+                "discrete controls at once (MultiDiscrete: ppo, a2c, a3c, impala) or continuous (Box) actions"
             )
         conv = algorithm.model.conv
         if conv and algorithm.name == "sac":

@@ -203,3 +203,33 @@ def test_an_image_inside_a_dict_is_refused_with_what_to_do() -> None:
     problem = check_env(EnvSpec(id="DictObsImage-v0"))
     assert problem is not None
     assert "['pixels']" in problem and "flattens Dict and Tuple observations of vectors only" in problem, problem
+
+
+def test_a_multidiscrete_policy_samples_each_dimension_and_sums_their_log_probabilities() -> None:
+    import torch
+
+    from crossrl.core import algorithms
+    from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
+    from crossrl.scenarios.spec import ModelSpec
+
+    alg = algorithms.load("ppo")
+    obs_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    policy = alg.policy_cls(
+        observation_space=obs_space,
+        action_space=gym.spaces.MultiDiscrete([2, 3, 4]),
+        hyperparams=alg.hyperparams(HYPERPARAM_DEFAULTS["ppo"]),
+        model=ModelSpec(hidden=(8,)),
+        seed=0,
+    )
+    obs = np.random.default_rng(0).uniform(-1, 1, (256, 3)).astype(np.float32)
+    actions, extra = policy.compute_actions(obs)
+    assert actions.shape == (256, 3) and actions.dtype == np.int64
+    assert all(set(actions[:, d]) == set(range(n)) for d, n in enumerate((2, 3, 4)))  # every value of each drawn
+    logp, entropy, _ = policy.evaluate(torch.as_tensor(obs), torch.as_tensor(actions))
+    np.testing.assert_allclose(logp.detach().numpy(), extra["action_logp"], rtol=1e-5, atol=1e-5)
+    # near-uniform logits at the start (the head's gain is 0.01): log 24 nats of entropy, log(1/24) per action
+    np.testing.assert_allclose(entropy.detach().numpy(), np.log(24.0), atol=1e-2)
+    greedy, _ = policy.compute_actions(obs[:4], explore=False)
+    logits = policy.net["pi"](torch.as_tensor(obs[:4])).detach().numpy()
+    expect = np.stack([part.argmax(1) for part in np.split(logits, [2, 5], axis=1)], axis=1)
+    assert (greedy == expect).all()

@@ -1,10 +1,13 @@
-"""The observation spaces users' envs have, on every engine (one `crossrl run`, three trials, about a minute).
+"""The observation and action spaces users' envs have, on every engine that takes them (two `crossrl run`s, five
+trials, about a minute and a half).
 
 A real CartPole whose observations come as a Dict (``{"pole": Box(2), "cart": Box(2)}``, tests/support/spaces_env.py)
 runs FINISHED on every engine: every engine steps crossrl's ``make_env``, which flattens Dict and Tuple observations
 into one float32 vector in one order (core/envs.py ``FlatObservations``), so each engine's model reads the same four
 inputs and has the same parameter count (built here by each engine, and counted by hand). The flattening order
-itself is held by tests/core/test_envs.py.
+itself is held by tests/core/test_envs.py. A CartPole pushed by two controls at once (``MultiDiscrete([2, 3])``) runs
+FINISHED on crossrl and RLlib (a factored categorical head: one categorical per dimension, log-probabilities
+summed; the same parameter count), and TorchRL refuses it at validate, naming the engines that run it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from crossrl.scenarios.spec import ScenarioSpec
 SUPPORT = Path(__file__).parents[1] / "support"
 # By hand, 4 flattened inputs, hidden [64, 64], 2 actions: policy 4*64+64 + 64*64+64 + 64*2+2 = 4610, value 4545.
 PPO_PARAMS = 4610 + 4545
+# MultiDiscrete([2, 3]): the policy's head has 2 + 3 logits: 4*64+64 + 64*64+64 + 64*5+5 = 4805, value 4545.
+MULTI_PPO_PARAMS = 4805 + 4545
 
 
 def test_every_engine_builds_the_same_model_on_dict_observations() -> None:
@@ -69,3 +74,52 @@ def test_dict_observations_run_finished_on_every_engine(tmp_path: Path, results_
         assert row["status"] == "FINISHED", row["reason"]
         hist = loaded.points[loaded.points.run_id == row["run_id"]]
         assert hist[hist.metric == M.ENV_STEPS_SAMPLED].value.max() >= 1024
+
+
+def test_every_engine_that_takes_multidiscrete_actions_builds_the_same_factored_head() -> None:
+    from engine_models import count, crossrl_nets, rllib_module
+
+    spec = ScenarioSpec.model_validate(
+        {"name": "md", "env": {"id": "spaces_env:MultiDiscreteCartPole-v0"}, "algorithm": {"name": "ppo"},
+         "engines": ["crossrl", "rllib"], "budget": {"env_steps": 100}}
+    )  # fmt: skip
+    by_engine = {t.engine: t for t in spec.trials()}
+    _, ours = crossrl_nets(by_engine["crossrl"])
+    assert {"crossrl": count(ours), "rllib": count([rllib_module(by_engine["rllib"])])} == {
+        "crossrl": MULTI_PPO_PARAMS,
+        "rllib": MULTI_PPO_PARAMS,
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.long
+def test_multidiscrete_actions_run_finished_where_taken_and_torchrl_refuses_them_truly(
+    tmp_path: Path, results_dir: Path
+) -> None:
+    spec = {
+        "name": "md-actions",
+        "env": {"id": "spaces_env:MultiDiscreteCartPole-v0"},
+        "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 512, "minibatch": 256, "epochs": 1}},
+        "engines": ["crossrl", "rllib", "torchrl"],
+        "execution": {"workers": [1], "envs_per_worker": 2},
+        "budget": {"env_steps": 1024},
+        "seeds": [0],
+    }
+    path = tmp_path / "md-actions.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))}
+    refused = subprocess.run(
+        [sys.executable, "-m", "crossrl.cli", "validate", str(path)], capture_output=True, text=True, env=env
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "torchrl runs ppo on single Discrete actions" in refused.stderr, refused.stderr
+    assert "run ppo on crossrl or rllib (--engines)" in refused.stderr and "option" not in refused.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "crossrl.cli", "run", str(path), "--results-dir", str(results_dir), "--no-report",
+         "--engines", "crossrl,rllib"],
+        capture_output=True, text=True, timeout=900, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    loaded = ResultsStore(None, results_dir=results_dir).load(scenario="md-actions")
+    assert sorted(loaded.trials.engine) == ["crossrl", "rllib"]
+    assert set(loaded.trials.status) == {"FINISHED"}, loaded.trials.reason.tolist()

@@ -1,9 +1,10 @@
 """Real CartPole dynamics behind the observation spaces users' envs have (the spaces tests with real engines).
 
 Importing this module registers ``spaces_env:DictCartPole-v0`` (observations ``{"pole": Box(2), "cart": Box(2)}``:
-the pole's angle and angular velocity, the cart's position and velocity; keys given out of order on purpose) and
-``spaces_env:TupleCartPole-v0`` (the same two parts as a Tuple); gymnasium imports the module itself when an id is
-written that way, in any process (Ray workers included) that has tests/support on its PYTHONPATH.
+the pole's angle and angular velocity, the cart's position and velocity; keys given out of order on purpose),
+``spaces_env:TupleCartPole-v0`` (the same two parts as a Tuple) and ``spaces_env:MultiDiscreteCartPole-v0`` (two
+controls at once); gymnasium imports the module itself when an id is written that way, in any process (Ray workers
+included) that has tests/support on its PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -61,3 +62,29 @@ class TupleCartPole(_SplitCartPole):
 for _id, _cls in (("DictCartPole-v0", DictCartPole), ("TupleCartPole-v0", TupleCartPole)):
     if _id not in gym.registry:
         gym.register(id=_id, entry_point=_cls, max_episode_steps=500)
+
+
+class MultiDiscreteCartPole(CartPoleEnv):
+    """CartPole pushed by two controls at once, ``MultiDiscrete([2, 3])``: the direction (left, right) and the force
+    (half, full, one and a half times CartPole's 10 N)."""
+
+    FORCES = (0.5, 1.0, 1.5)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.action_space = spaces.MultiDiscrete([2, 3])  # type: ignore[assignment]
+        self._base_force = self.force_mag
+        self._push: Any = spaces.Discrete(2)
+
+    def step(self, action: Any):  # type: ignore[override]
+        direction, force = (int(a) for a in np.asarray(action).reshape(2))
+        self.force_mag = self._base_force * self.FORCES[force]
+        space, self.action_space = self.action_space, self._push  # CartPoleEnv.step checks its own action space
+        try:
+            return super().step(direction)
+        finally:
+            self.action_space = space
+
+
+if "MultiDiscreteCartPole-v0" not in gym.registry:
+    gym.register(id="MultiDiscreteCartPole-v0", entry_point=MultiDiscreteCartPole, max_episode_steps=500)

@@ -323,7 +323,7 @@ def test_engines_prints_each_cell_as_the_engines_write_it() -> None:
     # only (validate refuses Pendulum's Box for it, test_trials_an_engine_refuses_once_started_are_listed)
     infos = all_engines()
     assert infos["torchrl"].spaces("ppo").startswith("actions Discrete;")
-    assert infos["crossrl"].spaces("ppo").startswith("actions Discrete or Box;")
+    assert infos["crossrl"].spaces("ppo").startswith("actions Discrete or MultiDiscrete or Box;")
     assert infos["rllib"].spaces("sac").startswith("actions Box (bounded);")
     assert all(info.spaces("dqn").startswith("actions Discrete;") for info in infos.values())
     runnable = sum(info.reason_unsupported(a) is None for info in infos.values() for a in ALGORITHMS)
