@@ -133,8 +133,6 @@ BUILTIN: dict[str, EngineInfo] = {
         unsupported={
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
         },
-        # orchestration/probes.py _torchrl_refusal: its on-policy learners build a categorical head only
-        action_spaces={"ppo": ("Discrete",), "a2c": ("Discrete",), "a3c": ("Discrete",), "impala": ("Discrete",)},
         multi_agent={
             "ppo": "PettingZooWrapper (a group per policy) + MultiAgentMLP(share_params=True); ClipPPOLoss + GAE per "
             "policy (IPPO)",
