@@ -101,17 +101,22 @@ def _torchrl_refusal(trial: Any, spaces: Any) -> str | None:
                     "set env.actions: unit (sac's default) or run it on crossrl or rllib"
                 )
             continue
+        if not isinstance(act, gs.Discrete) and trial.env.multi_agent:
+            # adapters/torchrl/multi_agent.py ma_env_dims reads the number of discrete actions
+            return (
+                f"torchrl's multi-agent adapter runs {trial.algorithm} on discrete actions only, and "
+                f"{trial.env.id}{who} has {act}; run it on crossrl (--engines)"
+            )
         if isinstance(act, gs.MultiDiscrete):
             return (
                 f"torchrl runs {trial.algorithm} on single Discrete actions (it has no factored MultiDiscrete head "
                 f"here), and {trial.env.id}{who} has {act}; run {trial.algorithm} on crossrl or rllib (--engines)"
             )
-        if not isinstance(act, gs.Discrete):
-            # adapters/torchrl/adapter.py env_dims reads the number of discrete actions; torchrl/multi_agent.py ma_env_dims likewise
-            takes = "sac (continuous actions)" if trial.algorithm != "sac" else "discrete-action algorithms"
+        if isinstance(act, gs.Box) and len(act.shape) != 1:
+            # adapters/torchrl/algorithms.py OnPolicyLearner: one Gaussian over a flat action vector
             return (
-                f"torchrl runs {trial.algorithm} on discrete actions only, and {trial.env.id}{who} has {act}; run "
-                f"{trial.algorithm} on crossrl or rllib (--engines), or {takes} on torchrl"
+                f"torchrl runs {trial.algorithm} on flat continuous actions, and {trial.env.id}{who} has {act}; run "
+                f"it on crossrl or rllib (--engines)"
             )
         if trial.env.multi_agent and isinstance(obs, gs.Box) and len(obs.shape) != 1:
             return (

@@ -37,6 +37,7 @@ import torchrl
 from tensordict import TensorDictBase
 from torchrl.data import Bounded as BoundedSpec
 from torchrl.data import Categorical as CategoricalSpec
+from torchrl.data import Unbounded as UnboundedSpec
 from torchrl.envs import (
     Compose,
     DoubleToFloat,
@@ -45,13 +46,14 @@ from torchrl.envs import (
     RewardSum,
     SerialEnv,
     StepCounter,
+    Transform,
     TransformedEnv,
 )
 
 from crossrl.adapters.base import MetricSink, send_clip
 from crossrl.adapters.checkpoints import ENGINE_DIR, Resumed
 from crossrl.adapters.checkpoints import resume_seed as collector_seed
-from crossrl.adapters.torchrl.algorithms import SACLearner, build_learner, check_algorithm, read_state
+from crossrl.adapters.torchrl.algorithms import build_learner, check_algorithm, read_state
 from crossrl.core.envs import make_env
 from crossrl.core.maths import mean_stats
 from crossrl.scenarios import metrics as M
@@ -303,15 +305,38 @@ def make_torchrl_env(
     vec = (gym.vector.SyncVectorEnv(fns, autoreset_mode=mode) if batched == "gym_sync"
            else gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode))  # fmt: skip
     env = GymWrapper(vec, categorical_action_encoding=True)
-    return TransformedEnv(env, Compose(*_float32_transforms(env), StepCounter(), RewardSum()))
+    return TransformedEnv(env, Compose(*_float32_transforms(env), *_clip_transforms(env), StepCounter(), RewardSum()))
 
 
 def _gym_env(env_spec: EnvSpec) -> EnvBase:
     """The spec's env in TorchRL's ``GymWrapper``; float64 observations (MuJoCo's) as float32 (``DoubleToFloat``), as
-    every engine's networks take them (crossrl's core and RLlib cast them likewise)."""
+    every engine's networks take them (crossrl's core and RLlib cast them likewise); continuous actions clipped to
+    the env's bounds (:class:`ClipActions`)."""
     env = GymWrapper(make_env(env_spec), categorical_action_encoding=True)
-    casts = _float32_transforms(env)
-    return TransformedEnv(env, casts[0]) if casts else env
+    transforms = [*_float32_transforms(env), *_clip_transforms(env)]
+    return TransformedEnv(env, Compose(*transforms)) if transforms else env
+
+
+class ClipActions(Transform):
+    """The env stepped with the action clipped to its bounds (per dimension, as crossrl's evaluators ``np.clip`` a
+    Box action); the collected ``action`` stays the one the policy sampled (an inverse transform works on a copy),
+    so the learner's log-probabilities are those of the sampled actions, as crossrl's core's are."""
+
+    def __init__(self, low: torch.Tensor, high: torch.Tensor) -> None:
+        super().__init__(in_keys=[], out_keys=[], in_keys_inv=["action"], out_keys_inv=["action"])
+        self.register_buffer("low", low.clone())
+        self.register_buffer("high", high.clone())
+
+    def _inv_apply_transform(self, action: torch.Tensor) -> torch.Tensor:
+        return torch.maximum(torch.minimum(action, self.high), self.low)
+
+
+def _clip_transforms(env: EnvBase) -> list[Any]:
+    """:class:`ClipActions` to ``env``'s bounds when its actions are continuous and bounded (else nothing)."""
+    spec = env.action_spec
+    if isinstance(spec, BoundedSpec) and spec.dtype.is_floating_point:
+        return [ClipActions(spec.space.low, spec.space.high)]
+    return []
 
 
 def _float32_transforms(env: EnvBase) -> list[Any]:
@@ -323,20 +348,23 @@ def _float32_transforms(env: EnvBase) -> list[Any]:
 def learner_dims(env_spec: EnvSpec) -> dict[str, Any]:
     """What a learner is built for (:func:`~crossrl.adapters.torchrl.algorithms.build_learner`'s keyword arguments),
     from the spec's env as TorchRL sees it: ``obs_shape`` and either ``n_actions`` (discrete actions) or
-    ``action_shape`` (continuous actions, which must lie in [-1, 1]: ``env.actions: unit``, sac's default)."""
+    ``action_shape`` with the bounds ``action_low`` / ``action_high`` (continuous actions; sac's must be [-1, 1]:
+    ``env.actions: unit``, its default)."""
     probe = _gym_env(env_spec)
     try:
         obs_shape = tuple(int(n) for n in probe.observation_spec["observation"].shape)
         spec = probe.action_spec
         if isinstance(spec, CategoricalSpec):
             return {"obs_shape": obs_shape, "n_actions": int(spec.space.n)}
-        if isinstance(spec, BoundedSpec) and bool((spec.space.low == -1).all() and (spec.space.high == 1).all()):
+        if isinstance(spec, BoundedSpec) and spec.dtype.is_floating_point:
+            return {"obs_shape": obs_shape, "action_shape": tuple(int(n) for n in spec.shape),
+                    "action_low": spec.space.low.reshape(-1).tolist(),
+                    "action_high": spec.space.high.reshape(-1).tolist()}  # fmt: skip
+        if isinstance(spec, UnboundedSpec) and spec.dtype.is_floating_point:
             return {"obs_shape": obs_shape, "action_shape": tuple(int(n) for n in spec.shape)}
-        bounds = f" in [{spec.space.low.tolist()}, {spec.space.high.tolist()}]" if isinstance(spec, BoundedSpec) else ""
         raise ValueError(
-            f"torchrl: {env_spec.id}'s actions are {type(spec).__name__} of shape {list(spec.shape)}{bounds}; "
-            "TorchRL's learners take discrete actions (ppo, a2c, a3c, impala, dqn) or continuous ones in [-1, 1] "
-            "(sac: set env.actions: unit, its default)"
+            f"torchrl: {env_spec.id}'s actions are {type(spec).__name__} of shape {list(spec.shape)}; "
+            "TorchRL's learners take discrete (Discrete) or continuous (Box) actions"
         )
     finally:
         probe.close()
@@ -588,11 +616,12 @@ class TorchrlAdapter:
 
 def greedy_act(learner: Any) -> Callable[[Any], Any]:
     """The learner's final policy, deterministic, for one observation: the argmax of its policy network's logits
-    (PPO, A2C, A3C, IMPALA) or of its Q-network's values (DQN), without TorchRL's sampling or epsilon-greedy; SAC's
-    mean action ``tanh(loc)``."""
-    if isinstance(learner, SACLearner):
+    (PPO, A2C, A3C, IMPALA on discrete actions) or of its Q-network's values (DQN), without TorchRL's sampling or
+    epsilon-greedy; the Gaussian's mean clipped to the env's bounds (PPO, A2C, A3C, IMPALA on continuous actions);
+    SAC's mean action ``tanh(loc)``."""
+    if not hasattr(learner, "qnet"):
         return learner.act_fn(deterministic=True)
-    net = learner.qnet if hasattr(learner, "qnet") else learner.actor_net
+    net = learner.qnet
 
     def act(obs: Any) -> int:
         with torch.no_grad():
@@ -602,20 +631,11 @@ def greedy_act(learner: Any) -> Callable[[Any], Any]:
 
 
 def sample_act(learner: Any) -> Callable[[Any], Any]:
-    """As :func:`greedy_act`, but a sample from the categorical over the policy's logits (DQN: still the argmax;
-    SAC: a sample of its squashed Gaussian)."""
-    if isinstance(learner, SACLearner):
-        return learner.act_fn(deterministic=False)
+    """As :func:`greedy_act`, but a sample from the categorical over the policy's logits or from its Gaussian (clipped
+    to the bounds); DQN: still the argmax; SAC: a sample of its squashed Gaussian."""
     if hasattr(learner, "qnet"):
         return greedy_act(learner)
-    net = learner.actor_net
-
-    def act(obs: Any) -> int:
-        with torch.no_grad():
-            logits = net(torch.as_tensor(obs)[None])[0]
-            return int(torch.distributions.Categorical(logits=logits).sample())
-
-    return act
+    return learner.act_fn(deterministic=False)
 
 
 def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[[Any], Any]:
@@ -623,10 +643,10 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
 
     ``folder``: the checkpoint's folder or its engine folder. The learner's networks are rebuilt from the trial (no
     envs, no collector: the observation shape and number of actions, or SAC's action shape, are read from the
-    checkpoint) and loaded from it. ``greedy``: the argmax of the policy's logits or the Q-values, SAC's mean action
-    ``tanh(loc)`` (:func:`greedy_act`); else a sample from the categorical over the logits or from SAC's squashed
-    Gaussian (DQN acts greedily either way). SAC's action is a float32 array in [-1, 1]. Multi-agent trials:
-    ValueError.
+    checkpoint) and loaded from it. ``greedy``: the argmax of the policy's logits or the Q-values, a Gaussian
+    policy's mean clipped to the env's bounds, SAC's mean action ``tanh(loc)`` (:func:`greedy_act`); else a sample
+    from the categorical over the logits or from the (squashed) Gaussian (DQN acts greedily either way). A continuous
+    action is a float32 array (SAC's in [-1, 1]). Multi-agent trials: ValueError.
     """
     if trial.env.multi_agent:
         raise ValueError(

@@ -16,15 +16,24 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
-from tensordict.nn import InteractionType, TensorDictModule, TensorDictSequential
+from tensordict.nn import AddStateIndependentNormalScale, InteractionType, TensorDictModule, TensorDictSequential
 from torch import nn
 from torchrl.data import Bounded as BoundedSpec
 from torchrl.data import Categorical as CategoricalSpec
 from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data import Unbounded as UnboundedSpec
 from torchrl.data.postprocs import MultiStep
 from torchrl.data.replay_buffers import RandomSampler
 from torchrl.envs.utils import ExplorationType, set_exploration_type
-from torchrl.modules import ConvNet, EGreedyModule, ProbabilisticActor, QValueActor, TanhNormal, ValueOperator
+from torchrl.modules import (
+    ConvNet,
+    EGreedyModule,
+    IndependentNormal,
+    ProbabilisticActor,
+    QValueActor,
+    TanhNormal,
+    ValueOperator,
+)
 from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, HardUpdate, SACLoss, SoftUpdate, ValueEstimators
 from torchrl.objectives.value import GAE, VTrace
 from torchrl.objectives.value.functional import vtrace_advantage_estimate
@@ -198,6 +207,23 @@ def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
     )
 
 
+def build_gaussian_actor(*, net: nn.Module, act_dim: int) -> ProbabilisticActor:
+    """Diagonal Gaussian policy over ``act_dim`` continuous actions, crossrl's core's rule: the mean from ``net``
+    (its last layer scaled by 0.01), a state-independent log std per action dimension starting at 0
+    (``AddStateIndependentNormalScale``, ``exp`` mapping), no squashing; the log-probability is that of the sampled,
+    unclipped action (the env is stepped with it clipped to its bounds: the adapter's ``ClipActions``)."""
+    head = nn.Sequential(net, AddStateIndependentNormalScale(act_dim, scale_mapping="exp", scale_lb=0.0))
+    module = TensorDictModule(head, in_keys=[OBS_KEY], out_keys=["loc", "scale"])
+    return ProbabilisticActor(
+        module,
+        in_keys=["loc", "scale"],
+        out_keys=[ACTION_KEY],
+        spec=UnboundedSpec(shape=(act_dim,)),
+        distribution_class=IndependentNormal,
+        return_log_prob=True,
+    )
+
+
 def vtrace_taken_actions(estimator: VTrace, data: TensorDictBase) -> TensorDictBase:
     """V-trace advantages and value targets into ``data`` (``[*B, T]``), by TorchRL's own
     ``vtrace_advantage_estimate`` with ``estimator``'s gamma, thresholds, critic and actor, the importance weights
@@ -272,14 +298,43 @@ class OnPolicyLearner:
     """PPO (ClipPPOLoss + GAE, epochs x minibatches), A2C/A3C (A2CLoss + GAE, one step per batch), or
     IMPALA (A2CLoss with the VTrace estimator, one step per ``train_batch`` env steps accumulated)."""
 
-    def __init__(self, *, trial: Trial, obs_shape: tuple[int, ...], n_actions: int) -> None:
+    def __init__(
+        self,
+        *,
+        trial: Trial,
+        obs_shape: tuple[int, ...],
+        n_actions: int | None = None,
+        action_shape: Sequence[int] | None = None,
+        action_low: Sequence[float] | None = None,
+        action_high: Sequence[float] | None = None,
+    ) -> None:
+        """Discrete actions (``n_actions``: a categorical over logits) or continuous ones (``action_shape``, one
+        dimension, with the env's bounds ``action_low`` / ``action_high``: :func:`build_gaussian_actor`)."""
         self.trial = trial
         self.algo = trial.algorithm
         self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
-        self.dims: dict[str, Any] = {"obs_shape": list(obs_shape), "n_actions": n_actions}
-        self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=trial.model)
-        self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
-        self.actor = build_actor(net=self.actor_net, n_actions=n_actions)
+        self.continuous = n_actions is None
+        if self.continuous:
+            if action_shape is None or len(action_shape) != 1:
+                raise ValueError(
+                    f"torchrl: {self.algo} takes discrete actions or a flat vector of continuous ones; "
+                    f"{trial.env.id} has actions of shape {list(action_shape or ())}"
+                )
+            act_dim = int(action_shape[0])
+            low = [-math.inf] * act_dim if action_low is None else [float(x) for x in action_low]
+            high = [math.inf] * act_dim if action_high is None else [float(x) for x in action_high]
+            self.action_low, self.action_high = np.asarray(low, np.float32), np.asarray(high, np.float32)
+            self.dims: dict[str, Any] = {"obs_shape": list(obs_shape), "action_shape": [act_dim],
+                                         "action_low": low, "action_high": high}  # fmt: skip
+            self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=act_dim, model=trial.model)
+            self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
+            self.actor = build_gaussian_actor(net=self.actor_net, act_dim=act_dim)
+        else:
+            assert n_actions is not None
+            self.dims = {"obs_shape": list(obs_shape), "n_actions": n_actions}
+            self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=n_actions, model=trial.model)
+            self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
+            self.actor = build_actor(net=self.actor_net, n_actions=n_actions)
         self.critic = ValueOperator(self.critic_net, in_keys=[OBS_KEY])
         self.policy: TensorDictModule | TensorDictSequential = self.actor
         self.vf_coeff = float(trial.hp("vf_coeff"))
@@ -344,6 +399,37 @@ class OnPolicyLearner:
                 stats.append(self._step(flat[idx]))
         return flat.numel(), mean_stats(stats)
 
+    def log_std(self) -> torch.Tensor:
+        """The Gaussian policy's state-independent log std (continuous actions only)."""
+        return next(m for m in self.actor.modules() if isinstance(m, AddStateIndependentNormalScale)).get_parameter(
+            "state_independent_scale"
+        )
+
+    def act_fn(self, *, deterministic: bool) -> Callable[[Any], Any]:
+        """The policy for ONE observation, as the env is stepped with it: discrete, the argmax of the logits
+        (``deterministic``) or a sample of the categorical; continuous, the mean (``deterministic``) or a sample of
+        the Gaussian, clipped to the env's bounds (a float32 array)."""
+        net = self.actor_net
+        if not self.continuous:
+
+            def act_discrete(obs: Any) -> int:
+                with torch.no_grad():
+                    logits = net(torch.as_tensor(obs)[None])[0]
+                    if deterministic:
+                        return int(torch.argmax(logits))
+                    return int(torch.distributions.Categorical(logits=logits).sample())
+
+            return act_discrete
+        std = self.log_std().detach().exp()
+
+        def act_continuous(obs: Any) -> np.ndarray:
+            with torch.no_grad():
+                mean = net(torch.as_tensor(obs, dtype=torch.float32)[None])[0]
+                a = mean if deterministic else mean + std * torch.randn_like(mean)
+            return np.clip(a.numpy().astype(np.float32), self.action_low, self.action_high)
+
+        return act_continuous
+
     def _step(self, batch: TensorDictBase) -> dict[str, float]:
         self.grad_steps += 1
         return loss_step(self.loss, batch, optim=self.optim, params=self.params, grad_clip=self.grad_clip,
@@ -386,7 +472,18 @@ class OnPolicyLearner:
             "update": self._update_description(),
             "networks": {"actor": repr(self.actor_net), "critic": repr(self.critic_net),
                          "actor_params": count_params(self.actor), "critic_params": count_params(self.critic)},
+            "actor": self._actor_description(),
         }  # fmt: skip
+
+    def _actor_description(self) -> dict[str, Any]:
+        if not self.continuous:
+            return {"class": "ProbabilisticActor", "distribution": "Categorical(logits)",
+                    "deterministic_action": "argmax of the logits"}  # fmt: skip
+        return {"class": "ProbabilisticActor", "distribution": "IndependentNormal(loc, scale) (no squashing)",
+                "scale": "exp(log_std), state-independent (AddStateIndependentNormalScale), log_std starting at 0",
+                "log_prob": "of the sampled action, unclipped",
+                "env_action": f"clipped to [{self.action_low.tolist()}, {self.action_high.tolist()}] (ClipActions)",
+                "deterministic_action": "loc, clipped to the bounds"}  # fmt: skip
 
     def _vtrace_note(self) -> dict[str, str]:
         if self.algo != "impala":
@@ -853,10 +950,12 @@ def build_learner(
     obs_shape: Sequence[int],
     n_actions: int | None = None,
     action_shape: Sequence[int] | None = None,
+    action_low: Sequence[float] | None = None,
+    action_high: Sequence[float] | None = None,
 ) -> Learner:
     """The trial's learner, for observations of ``obs_shape`` and either ``n_actions`` discrete actions (PPO, A2C,
-    A3C, IMPALA, DQN) or continuous actions of ``action_shape`` in [-1, 1] (SAC). The arguments are what a
-    checkpoint's ``dims`` holds."""
+    A3C, IMPALA, DQN) or continuous actions of ``action_shape`` (PPO, A2C, A3C, IMPALA: within ``action_low`` /
+    ``action_high``; SAC: in [-1, 1]). The arguments are what a checkpoint's ``dims`` holds."""
     algo = trial.algorithm
     if algo not in ("ppo", "a2c", "a3c", "impala", "dqn", "sac"):
         raise ValueError(f"torchrl: no {algo!r} (see adapters/registry.py for why)")
@@ -865,12 +964,21 @@ def build_learner(
             raise ValueError(
                 f"torchrl: sac needs continuous (Box) actions; {trial.env.id} has {n_actions} discrete ones"
             )
+        bounds = [*(action_low or [-1.0]), *(action_high or [1.0])]
+        if any(abs(b) != 1.0 for b in bounds):
+            raise ValueError(
+                f"torchrl: sac takes continuous actions in [-1, 1]; {trial.env.id}'s are in [{list(action_low or ())}, "
+                f"{list(action_high or ())}] (set env.actions: unit, sac's default)"
+            )
         return SACLearner(trial=trial, obs_shape=obs_shape, action_shape=action_shape)
-    if n_actions is None:
-        raise ValueError(
-            f"torchrl: {algo} takes discrete actions only on torchrl (sac takes continuous ones); {trial.env.id} has "
-            f"continuous actions of shape {list(action_shape or ())}"
-        )
     if algo == "dqn":
+        if n_actions is None:
+            raise ValueError(
+                f"torchrl: dqn needs discrete actions; {trial.env.id} has continuous actions of shape "
+                f"{list(action_shape or ())}"
+            )
         return DQNLearner(trial=trial, obs_shape=tuple(obs_shape), n_actions=n_actions)
+    if n_actions is None:
+        return OnPolicyLearner(trial=trial, obs_shape=tuple(obs_shape), action_shape=action_shape,
+                               action_low=action_low, action_high=action_high)  # fmt: skip
     return OnPolicyLearner(trial=trial, obs_shape=tuple(obs_shape), n_actions=n_actions)

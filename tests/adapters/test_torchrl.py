@@ -24,6 +24,7 @@ from crossrl.adapters.torchrl.adapter import (
     mapping_markdown,
     unmapped,
 )
+from crossrl.adapters.torchrl.algorithms import build_learner
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import HYPERPARAM_DEFAULTS
 from crossrl.scenarios.spec import TORCHRL_ENVS, EnvSpec, LayoutSpec, ScenarioSpec, Trial
@@ -251,3 +252,139 @@ def test_a_trial_names_its_batched_env_in_its_native_config() -> None:
         update={"execution": spec.execution.model_copy(update={"layout": LayoutSpec()})}
     ).trials()
     assert default.layout == {"env": None} and batched_env(default.layout) == "gym_sync"
+
+
+# -- continuous (Box) actions for the on-policy learners ----------------------------------------------------------
+
+
+def pendulum_trial(algorithm: str, *, workers: int = 1, env_steps: int = 800, **hp: Any) -> Trial:
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": "torchrl-box",
+            "env": {"id": "Pendulum-v1"},
+            "algorithm": {"name": algorithm, "hyperparams": hp, "model": {"hidden": [32, 32], "activation": "tanh"}},
+            "engines": ["torchrl"],
+            "execution": {"workers": [workers], "envs_per_worker": 2},
+            "budget": {"env_steps": env_steps},
+            "seeds": [1],
+        }
+    )
+    (trial,) = spec.trials()
+    return trial
+
+
+def run_box_trial(trial: Trial) -> ListSink:
+    """Runs a Pendulum trial for real; checks its points and losses are finite and its final policy's actions lie
+    within Pendulum's bounds [-2, 2] (the mean clipped)."""
+    sink = ListSink(trial)
+    TorchrlAdapter().run(trial, sink)
+    points = sink.points
+    assert points and points[-1][M.ENV_STEPS_SAMPLED] >= trial.budget.env_steps
+    assert points[-1][M.ENV_STEPS_TRAINED] > 0
+    returns = [p[M.EPISODE_RETURN_MEAN] for p in points if M.EPISODE_RETURN_MEAN in p]
+    assert returns and all(-1700.0 <= r <= 0.0 for r in returns)  # Pendulum-v1's range over 200 steps
+    losses = [p for p in points if M.VALUE_LOSS in p]
+    assert losses and all(math.isfinite(p[k]) for p in losses for k in (M.VALUE_LOSS, M.POLICY_LOSS, M.ENTROPY))
+    native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert native["actor"]["distribution"].startswith("IndependentNormal")
+    assert not _live_children(), "collector processes outlived collector.shutdown()"
+    return sink
+
+
+def test_ppo_pendulum_gaussian_head() -> None:
+    """PPO on Pendulum-v1's Box actions, 1 worker, 800 env steps (~5 s)."""
+    sink = run_box_trial(pendulum_trial("ppo", train_batch=400, minibatch=100, epochs=2))
+    native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert native["loss"]["class"] == "ClipPPOLoss"
+    assert all(math.isfinite(p[M.DIAG_APPROX_KL]) for p in sink.points)
+
+
+@pytest.mark.integration
+def test_impala_pendulum_gaussian_head_vtrace() -> None:
+    """IMPALA (V-trace on the taken actions' Gaussian log-probabilities) on Pendulum-v1, 2 async workers, 800 env
+    steps (~25 s on a loaded machine: two collector processes start)."""
+    sink = run_box_trial(pendulum_trial("impala", workers=2, train_batch=200, rollout_fragment=50))
+    native = next(m["config"] for m in sink.messages if m["kind"] == "native_config")
+    assert native["value_estimator"]["class"] == "VTrace"
+
+
+def test_a2c_pendulum_gaussian_head() -> None:
+    """A2C on Pendulum-v1's Box actions, 1 worker, 800 env steps (~1 s)."""
+    run_box_trial(pendulum_trial("a2c", train_batch=200))
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "a2c", "a3c", "impala"])
+def test_gaussian_head_has_crossrl_parameter_count_and_initial_std(algorithm: str) -> None:
+    """The same head as crossrl's core (mean MLP, a state-independent log std per action starting at 0, the critic
+    apart): equal parameter counts, std 1 at the start."""
+    from crossrl.adapters.torchrl.adapter import learner_dims
+    from crossrl.core import algorithms
+    from crossrl.core.envs import make_env
+    from crossrl.core.models import count_params
+
+    trial = pendulum_trial(algorithm)
+    dims = learner_dims(trial.env)
+    assert dims == {"obs_shape": (3,), "action_shape": (1,), "action_low": [-2.0], "action_high": [2.0]}
+    learner: Any = build_learner(trial=trial, **dims)
+    env = make_env(trial.env)
+    alg = algorithms.load(algorithm)
+    policy = alg.policy_cls(
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        hyperparams=alg.hyperparams(trial.hyperparams),
+        model=trial.model,
+        seed=0,
+    )
+    ours = count_params(policy.net)
+    assert (
+        count_params(learner.actor) + count_params(learner.critic)
+        == ours
+        == 2 * (3 * 32 + 32 + 32 * 32 + 32 + 32 + 1) + 1
+    )
+    assert torch.equal(learner.log_std().detach(), torch.zeros(1))
+    td = TensorDict({"observation": torch.zeros(5, 3)}, batch_size=[5])
+    dist = learner.actor.get_dist(td)
+    assert torch.allclose(dist.stddev, torch.ones(5, 1))
+    assert dist.log_prob(torch.zeros(5, 1)).shape == (5,)  # summed over the action dimensions
+
+
+def test_box_actions_are_clipped_to_the_bounds_for_the_env_and_kept_as_sampled() -> None:
+    """The env steps with the action clipped (as crossrl's evaluators np.clip it), the collected action stays the
+    sampled one: an action of 9 gives what 2 gives, and the rollout keeps the 9."""
+    outs = []
+    for value in (9.0, 2.0):
+        env = make_torchrl_env(EnvSpec(id="Pendulum-v1"), 1, batched="gym_sync")
+        env.set_seed(0)
+        td = env.reset()
+        td["action"] = torch.full((1, 1), value)
+        # what the env is handed (Pendulum also clips its torque itself, so this is what tells ClipActions works)
+        assert env.transform.inv(td.clone())["action"].item() == min(value, 2.0)
+        outs.append(env.step(td))
+        env.close()
+    assert outs[0]["action"].item() == 9.0
+    assert torch.equal(outs[0]["next", "observation"], outs[1]["next", "observation"])
+    assert torch.equal(outs[0]["next", "reward"], outs[1]["next", "reward"])
+
+
+def test_box_policy_reloads_from_a_checkpoint_as_the_clipped_mean(tmp_path: Any) -> None:
+    """``load_policy`` (crossrl evaluate) rebuilds the Gaussian policy from a checkpoint: deterministic, the mean
+    clipped to [-2, 2]; sampled, within the bounds too."""
+    import numpy as np
+
+    from crossrl.adapters.torchrl.adapter import learner_dims, load_policy
+
+    trial = pendulum_trial("ppo")
+    learner: Any = build_learner(trial=trial, **learner_dims(trial.env))
+    with torch.no_grad():  # a mean far outside the bounds for some observations
+        learner.actor_net[-1].weight.fill_(3.0)
+        learner.log_std().fill_(-1.0)
+    learner.save(tmp_path)
+    greedy, sample = load_policy(trial, tmp_path), load_policy(trial, tmp_path, greedy=False)
+    rng = np.random.default_rng(0)
+    for obs in rng.uniform(-1, 1, (20, 3)).astype(np.float32):
+        with torch.no_grad():
+            mean = learner.actor_net(torch.as_tensor(obs)[None])[0].numpy()
+        a = greedy(obs)
+        assert a.dtype == np.float32 and a.shape == (1,)
+        assert np.array_equal(a, np.clip(mean, -2.0, 2.0))
+        assert -2.0 <= sample(obs)[0] <= 2.0

@@ -149,16 +149,11 @@ def test_a_trial_run_refuses_makes_validate_exit_2_unless_it_is_skipped(tmp_path
 
 
 def test_trials_an_engine_refuses_once_started_are_listed(tmp_path: Path) -> None:
-    """TorchRL takes discrete actions only; RLlib's own config check refuses a train batch its fragments cannot
-    fill (num_env_runners x envs x rollout_fragment within 10 % of it)."""
-    checked = check_scenario("pendulum-ppo", validate_probes(), overrides={"engines": ["crossrl", "rllib", "torchrl"]})
-    assert checked.problems == [] and checked.unsupported == []
-    assert {t.engine for t, _ in checked.failing} == {"torchrl"} and len(checked.failing) == len(checked.spec.seeds)
-    reason = checked.failing[0][1]
-    assert "torchrl runs ppo on discrete actions only, and Pendulum-v1 has Box" in reason, reason
-    assert reason.endswith("run ppo on crossrl or rllib (--engines), or sac (continuous actions) on torchrl"), reason
-    assert "option" not in reason  # it names no setting that does not exist
-    assert check_scenario("pendulum-ppo", validate_probes()).failing == []  # the built-in lists the engines that run it
+    """Every engine runs PPO on Pendulum's Box actions (the built-in lists all three); RLlib's own config check
+    refuses a train batch its fragments cannot fill (num_env_runners x envs x rollout_fragment within 10 % of it)."""
+    checked = check_scenario("pendulum-ppo", validate_probes())
+    assert checked.problems == [] and checked.unsupported == [] and checked.failing == []
+    assert {t.engine for t in checked.spec.trials()} == {"crossrl", "rllib", "torchrl"}
     raw = spec(
         engines=["crossrl", "rllib"],
         algorithm={"name": "ppo", "hyperparams": {"train_batch": 1000, "minibatch": 100}},
@@ -319,10 +314,10 @@ def test_engines_prints_each_cell_as_the_engines_write_it() -> None:
     )
     for word in ("[obs,", "action],"):
         assert word in out, out[:2000]
-    # the spaces each engine runs each algorithm on, as validate holds them: TorchRL's PPO takes discrete actions
-    # only (validate refuses Pendulum's Box for it, test_trials_an_engine_refuses_once_started_are_listed)
+    # the spaces each engine runs each algorithm on, as validate holds them: every engine's PPO takes Box actions,
+    # crossrl's and RLlib's MultiDiscrete ones too (validate refuses them on torchrl: tests/integration/test_spaces.py)
     infos = all_engines()
-    assert infos["torchrl"].spaces("ppo").startswith("actions Discrete;")
+    assert infos["torchrl"].spaces("ppo").startswith("actions Discrete or Box;")  # no MultiDiscrete head on torchrl
     assert infos["crossrl"].spaces("ppo").startswith("actions Discrete or MultiDiscrete or Box;")
     assert infos["rllib"].spaces("sac").startswith("actions Box (bounded);")
     assert all(info.spaces("dqn").startswith("actions Discrete;") for info in infos.values())
