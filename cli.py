@@ -818,6 +818,31 @@ def report(
 
 
 @app.command()
+def compare(
+    scenarios: Annotated[list[str], typer.Argument(help="two or more scenarios on one env, one algorithm each")],
+    out_dir: Annotated[Path | None, typer.Option("-o", "--out", help="output folder")] = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """Algorithms compared in one report (compare.html/.md/.json): each scenario's newest run, per engine, which
+    algorithm reaches the target first in env steps and in seconds (docs/measures.md)."""
+    from crossrl.reports.compare import CompareError, build, load
+    from crossrl.reports.store import StoreError
+
+    store = _open_store(tracking_uri, results_dir)
+    try:
+        trials, points, env_id = load(store, scenarios)
+    except (CompareError, StoreError) as e:
+        _fail([f"compare {' '.join(scenarios)}: {e}"])
+        return
+    out = out_dir or results_dir / "reports" / ("compare-" + "-".join(scenarios))
+    paths = build(trials, points, env_id=env_id, scenarios=scenarios, out_dir=out,
+                  command="crossrl compare " + " ".join(scenarios))  # fmt: skip
+    typer.echo(f"report: {paths.html}")
+    typer.echo(f"report: {paths.markdown}")
+
+
+@app.command()
 def evaluate(
     target: Annotated[
         str, typer.Argument(metavar="RUN_OR_TRIAL", help="a trial's run id, a `crossrl run`'s run id, or a scenario")
