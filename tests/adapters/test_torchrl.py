@@ -317,24 +317,16 @@ def test_a2c_pendulum_gaussian_head() -> None:
 def test_gaussian_head_has_crossrl_parameter_count_and_initial_std(algorithm: str) -> None:
     """The same head as crossrl's core (mean MLP, a state-independent log std per action starting at 0, the critic
     apart): equal parameter counts, std 1 at the start."""
+    from engine_models import crossrl_nets
+
     from crossrl.adapters.torchrl.adapter import learner_dims
-    from crossrl.core import algorithms
-    from crossrl.core.envs import make_env
     from crossrl.core.models import count_params
 
     trial = pendulum_trial(algorithm)
     dims = learner_dims(trial.env)
     assert dims == {"obs_shape": (3,), "action_shape": (1,), "action_low": [-2.0], "action_high": [2.0]}
     learner: Any = build_learner(trial=trial, **dims)
-    env = make_env(trial.env)
-    alg = algorithms.load(algorithm)
-    policy = alg.policy_cls(
-        observation_space=env.observation_space,
-        action_space=env.action_space,
-        hyperparams=alg.hyperparams(trial.hyperparams),
-        model=trial.model,
-        seed=0,
-    )
+    policy, _ = crossrl_nets(trial)
     ours = count_params(policy.net)
     assert (
         count_params(learner.actor) + count_params(learner.critic)
