@@ -1700,18 +1700,33 @@ def sync(
 
 @app.command()
 def ui(
+    scenario: Annotated[
+        str | None, typer.Argument(help="open on this scenario's runs: its trials' return curves first")
+    ] = None,
     port: Annotated[int, typer.Option("--port", help="port on 127.0.0.1")] = 5000,
     tracking_uri: TrackingUri = None,
     results_dir: ResultsDir = Path("crossrl-results"),
 ) -> None:
-    """Start the MLflow UI on 127.0.0.1 over the same store and print its URL; Ctrl-C, SIGTERM or SIGHUP stop it."""
+    """Start the MLflow UI on 127.0.0.1 over the same store and print its URL (with SCENARIO: the URL of that
+    scenario's runs in the classic chart view); Ctrl-C, SIGTERM or SIGHUP stop it."""
     from crossrl.orchestration.procs import run_until_stopped
     from crossrl.reports.store import is_embedded, resolve_tracking_uri
     from crossrl.reports.ui import server_command
 
-    if is_embedded(resolve_tracking_uri(tracking_uri, results_dir)):
-        _open_store(tracking_uri, results_dir)
-    cmd = server_command(tracking_uri=tracking_uri, results_dir=results_dir, port=port)
+    embedded = is_embedded(resolve_tracking_uri(tracking_uri, results_dir))
+    store = _open_store(tracking_uri, results_dir) if embedded else None
+    experiment_id = None
+    if scenario:
+        store = store or _store_or_fail(tracking_uri, results_dir)
+        try:
+            experiment_id = store.experiment_id(scenario, create=False)
+            if experiment_id is not None:
+                store.set_ui_view(experiment_id)  # an experiment made before crossrl set its view
+        except Exception as e:
+            _fail([f"results store {store.uri}: {type(e).__name__}: {e}"])
+        if experiment_id is None:
+            _fail([f"no runs of scenario {scenario!r} in {store.uri}: `crossrl runs` lists the stored ones"])
+    cmd = server_command(tracking_uri=tracking_uri, results_dir=results_dir, port=port, experiment_id=experiment_id)
     raise typer.Exit(0 if cmd is None else run_until_stopped(cmd))
 
 

@@ -197,7 +197,18 @@ class ResultsStore:
         if not create:
             return None
         location = (self.results_dir / "artifacts").as_uri() if is_embedded(self.uri) else None
-        return str(self.client.create_experiment(scenario, artifact_location=location))
+        exp_id = str(self.client.create_experiment(scenario, artifact_location=location))
+        self.set_ui_view(exp_id)
+        return exp_id
+
+    def set_ui_view(self, experiment_id: str) -> None:
+        """The view MLflow's UI opens the experiment with from `crossrl ui`'s link (reports/ui.py): the trials,
+        their return curves first. Set as an experiment tag, rewritten only when it differs."""
+        from crossrl.reports.ui import VIEW_TAG, view_state_json
+
+        value = view_state_json()
+        if self.client.get_experiment(experiment_id).tags.get(VIEW_TAG) != value:
+            self.client.set_experiment_tag(experiment_id, VIEW_TAG, value)
 
     def start_parent(
         self, spec: ScenarioSpec, *, spec_path: Path | None, command: str = "", kind: str = "parent"
