@@ -68,6 +68,12 @@ def view_state() -> dict[str, Any]:
         "orderByKey": "attributes.start_time",
         "orderByAsc": False,
         "runsHiddenMode": "FIRST_20_RUNS",
+        # One line per engine and worker count (the mean over seeds, their range shaded): the trials are child runs,
+        # which the ungrouped list keeps folded under their parent, out of the charts.
+        "groupBy": {
+            "aggregateFunction": "average",
+            "groupByKeys": [{"mode": "tag", "groupByData": "engine"}, {"mode": "tag", "groupByData": "workers"}],
+        },
         "compareRunCharts": [
             _line("crossrl-return-vs-steps", M.EPISODE_RETURN_MEAN, "Return vs env steps sampled"),
             _line("crossrl-return-vs-wall", M.EPISODE_RETURN_MEAN, "Return vs wall time (s)", x_metric=M.WALL_TIME_S),
@@ -115,7 +121,10 @@ def server_command(
     ]  # fmt: skip
     base = f"http://127.0.0.1:{port}/"
     if experiment_id:
-        print(f"MLflow UI on {base}; Ctrl-C stops it. The scenario's runs:\n{experiment_url(base, experiment_id)}", flush=True)
+        print(
+            f"MLflow UI on {base}; Ctrl-C stops it. The scenario's runs:\n{experiment_url(base, experiment_id)}",
+            flush=True,
+        )
     else:
         print(f"MLflow UI on {base} (a scenario's runs: crossrl ui SCENARIO); Ctrl-C stops it", flush=True)
     return cmd
