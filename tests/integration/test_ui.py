@@ -83,12 +83,16 @@ JSON.stringify({
 
 def _page(browser: Any, session: str) -> dict[str, Any]:
     reply = browser.send("Runtime.evaluate", {"expression": _PAGE_CHECK, "returnByValue": True}, session=session)
+    if "value" not in reply["result"]:  # the page is not there yet (no body while it loads)
+        return {"href": "", "text": "", "sections": [], "cards": [], "assistant": False, "error": reply}
     return json.loads(reply["result"]["value"])  # type: ignore[no-any-return]
 
 
-def _drawn(page: dict[str, Any]) -> bool:
+def _drawn(page: dict[str, Any], names: list[str]) -> bool:
+    """The first chart has its lines and the run list its runs (the two load apart)."""
     cards = page["cards"]
-    return bool(cards) and cards[0]["lines"] >= 3 and cards[0]["longest"] > 20
+    listed = all(name in page["text"] for name in names)
+    return listed and bool(cards) and cards[0]["lines"] >= 3 and cards[0]["longest"] > 20
 
 
 @pytest.mark.integration
@@ -177,10 +181,12 @@ def test_ui_opens_on_the_scenarios_return_curves(results_dir: Path, tmp_path: Pa
             session=session,
         )
 
+        names = [t.name for t in trials.values()]
+
         def load_page() -> dict[str, Any]:
             browser.send("Page.navigate", {"url": url}, session=session)
             until = time.monotonic() + 45
-            while not _drawn(page := _page(browser, session)) and time.monotonic() < until:
+            while not _drawn(page := _page(browser, session), names) and time.monotonic() < until:
                 time.sleep(0.5)
             return page
 
