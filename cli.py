@@ -1720,12 +1720,14 @@ def ui(
         store = store or _store_or_fail(tracking_uri, results_dir)
         try:
             experiment_id = store.experiment_id(scenario, create=False)
-            if experiment_id is not None:
-                store.set_ui_view(experiment_id)  # an experiment made before crossrl set its view
         except Exception as e:
             _fail([f"results store {store.uri}: {type(e).__name__}: {e}"])
         if experiment_id is None:
             _fail([f"no runs of scenario {scenario!r} in {store.uri}: `crossrl runs` lists the stored ones"])
+        try:
+            store.set_ui_view(experiment_id)  # an experiment made before crossrl set its view
+        except Exception as e:  # the link still opens the classic chart view, with MLflow's own charts
+            _note(f"could not set crossrl's chart view on experiment {experiment_id}: {type(e).__name__}: {e}")
     cmd = server_command(tracking_uri=tracking_uri, results_dir=results_dir, port=port, experiment_id=experiment_id)
     raise typer.Exit(0 if cmd is None else run_until_stopped(cmd))
 
