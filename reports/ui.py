@@ -5,8 +5,11 @@ How MLflow 3.17's UI decides what it shows (its web app, mlflow/server/js):
 - GenAI or classic ML ("Model training"): the ``workflowType`` query parameter of the page's URL
   (``genai`` | ``machine_learning``), else the browser's localStorage key ``mlflow.workflowType``, else GenAI.
   The experiment tag ``mlflow.experimentKind`` is not read for this in 3.17 (its workflow switch is on), so
-  the URL crossrl prints carries ``workflowType=machine_learning``. The assistant panel belongs to the GenAI
-  workflow; the classic view does not open it.
+  the URL crossrl prints carries ``workflowType=machine_learning``.
+- The assistant panel: on a local server (the page's host ``localhost``, ``127.0.0.1`` or ``::1``) MLflow opens it
+  by itself once per browser (localStorage ``mlflow.assistant.fab.autoOpenedOnFirstLoad``), in either workflow;
+  nothing on the server side turns it off in 3.17 (``MLFLOW_ENABLE_REMOTE_ASSISTANT`` only adds it for remote
+  hosts). Closed once, it stays closed (localStorage ``mlflow.assistant.panelOpen``).
 - Table or chart view of the runs page: the ``compareRunsMode`` query parameter (``TABLE`` | ``CHART``).
 - Which charts, in which order: without a saved view, one chart per metric in a "Model metrics" section,
   sorted by metric name (so ``episode_return_mean`` would come after ``diag.*``, ``entropy``, ``env_steps_*``).

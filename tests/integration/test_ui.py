@@ -126,6 +126,7 @@ def test_ui_opens_on_the_scenarios_return_curves(results_dir: Path, tmp_path: Pa
         ]
         store.log_points(run_id, points)
         store.finish_trial(run_id, status="FINISHED", last_step=5000)
+    store.finish_parent(parent, status="FINISHED", counts={"FINISHED": len(trials)})
     exp_id = store.experiment_id("smoke", create=False)
     assert exp_id is not None and VIEW_TAG in store.client.get_experiment(exp_id).tags
 
