@@ -1715,7 +1715,7 @@ def ui(
 
     embedded = is_embedded(resolve_tracking_uri(tracking_uri, results_dir))
     store = _open_store(tracking_uri, results_dir) if embedded else None
-    experiment_id = None
+    experiment_id, view = None, False
     if scenario:
         store = store or _store_or_fail(tracking_uri, results_dir)
         try:
@@ -1724,11 +1724,17 @@ def ui(
             _fail([f"results store {store.uri}: {type(e).__name__}: {e}"])
         if experiment_id is None:
             _fail([f"no runs of scenario {scenario!r} in {store.uri}: `crossrl runs` lists the stored ones"])
-        try:
-            store.set_ui_view(experiment_id)  # an experiment made before crossrl set its view
+        try:  # crossrl's view is of trial runs (a bench-* experiment has none: MLflow's own charts then)
+            kind = "tags.`crossrl.kind` = 'trial'"
+            view = bool(store.client.search_runs([experiment_id], filter_string=kind, max_results=1))
+            if view:
+                store.set_ui_view(experiment_id)  # an experiment made before crossrl set its view
         except Exception as e:  # the link still opens the classic chart view, with MLflow's own charts
+            view = False
             _note(f"could not set crossrl's chart view on experiment {experiment_id}: {type(e).__name__}: {e}")
-    cmd = server_command(tracking_uri=tracking_uri, results_dir=results_dir, port=port, experiment_id=experiment_id)
+    cmd = server_command(
+        tracking_uri=tracking_uri, results_dir=results_dir, port=port, experiment_id=experiment_id, view=view
+    )
     raise typer.Exit(0 if cmd is None else run_until_stopped(cmd))
 
 

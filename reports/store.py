@@ -188,7 +188,9 @@ class ResultsStore:
         self._sender: Sender | None = None
 
     # -- writing -----------------------------------------------------------------------------------
-    def experiment_id(self, scenario: str, *, create: bool = True) -> str | None:
+    def experiment_id(self, scenario: str, *, create: bool = True, ui_view: bool = True) -> str | None:
+        """The experiment of ``scenario`` (a deleted one restored); made when missing and ``create``, with the view
+        `crossrl ui` opens it in (``ui_view``: for experiments of trial runs)."""
         exp = self.client.get_experiment_by_name(scenario)
         if exp is not None:
             if exp.lifecycle_stage == "deleted":
@@ -198,7 +200,8 @@ class ResultsStore:
             return None
         location = (self.results_dir / "artifacts").as_uri() if is_embedded(self.uri) else None
         exp_id = str(self.client.create_experiment(scenario, artifact_location=location))
-        self.set_ui_view(exp_id)
+        if ui_view:
+            self.set_ui_view(exp_id)
         return exp_id
 
     def set_ui_view(self, experiment_id: str) -> None:
@@ -502,7 +505,7 @@ class ResultsStore:
         Tagged with the package versions and the machine like a scenario's parent run, so benchmark
         runs from different commits or machines can be told apart in the MLflow UI.
         """
-        exp = self.experiment_id(f"bench-{kind}")
+        exp = self.experiment_id(f"bench-{kind}", ui_view=False)  # no trials: MLflow's own charts
         assert exp is not None
         tags = {
             "crossrl.kind": "bench",

@@ -94,23 +94,24 @@ def view_state_json() -> str:
     return json.dumps(view_state(), separators=(",", ":"))
 
 
-def experiment_url(base: str, experiment_id: str) -> str:
-    """The runs page of one experiment, in the classic ML view, its chart view, crossrl's charts first."""
-    query = f"viewStateShareKey={VIEW_KEY}&compareRunsMode=CHART&workflowType=machine_learning"
+def experiment_url(base: str, experiment_id: str, *, view: bool = True) -> str:
+    """The runs page of one experiment in the classic ML view, its chart view; crossrl's charts first (``view``)."""
+    query = f"{f'viewStateShareKey={VIEW_KEY}&' if view else ''}compareRunsMode=CHART&workflowType=machine_learning"
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?{query}"
 
 
 def server_command(
-    *, tracking_uri: str | None, results_dir: Path, port: int, experiment_id: str | None = None
+    *, tracking_uri: str | None, results_dir: Path, port: int, experiment_id: str | None = None, view: bool = True
 ) -> list[str] | None:
     """The `mlflow server` command over the embedded store (its URL printed: the experiment's runs page when
-    ``experiment_id`` is given), or None for a tracking server, which is only pointed at. The caller runs it
-    (`crossrl ui`: in its own session, its whole tree ended on Ctrl-C, SIGTERM or SIGHUP)."""
+    ``experiment_id`` is given, in crossrl's view when ``view``), or None for a tracking server, which is only
+    pointed at. The caller runs it (`crossrl ui`: in its own session, its whole tree ended on Ctrl-C, SIGTERM or
+    SIGHUP)."""
     from crossrl.reports.store import is_embedded, resolve_tracking_uri, with_busy_timeout
 
     uri = resolve_tracking_uri(tracking_uri, results_dir)
     if not is_embedded(uri):
-        where = experiment_url(uri, experiment_id) if experiment_id else uri
+        where = experiment_url(uri, experiment_id, view=view) if experiment_id else uri
         print(f"{uri} is a tracking server already: open {where} in a browser")
         return None
     folder = results_dir.resolve()
@@ -125,7 +126,7 @@ def server_command(
     base = f"http://127.0.0.1:{port}/"
     if experiment_id:
         print(
-            f"MLflow UI on {base}; Ctrl-C stops it. The scenario's runs:\n{experiment_url(base, experiment_id)}",
+            f"MLflow UI on {base}; Ctrl-C stops it. The scenario's runs:\n{experiment_url(base, experiment_id, view=view)}",
             flush=True,
         )
     else:
