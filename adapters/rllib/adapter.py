@@ -920,6 +920,52 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
     return act
 
 
+def export_policy(trial: Trial, folder: Path) -> Any:
+    """The checkpoint's greedy policy as a pure torch module (:class:`~crossrl.adapters.exported.GreedyPolicy`) for
+    `crossrl export`, as :func:`load_policy` acts greedily: the RLModule's ``forward_inference`` and then the argmax of
+    its ``action_dist_inputs`` (PPO, IMPALA on Discrete actions), its ``actions`` (DQN: the argmax of the Q-values),
+    a Gaussian's mean (the first half of the inputs) or SAC's ``tanh(mean)``, a Box action then through
+    ``normalize_actions`` (``low + (a + 1) (high - low) / 2``, clipped to the bounds) or ``clip_actions``."""
+    from gymnasium import spaces
+    from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    from crossrl.adapters.exported import DictOutput, GreedyPolicy
+
+    if trial.env.multi_agent:
+        raise ValueError(f"{trial.name}: export takes single-agent trials; an RLlib multi-agent checkpoint holds one "
+                         "RLModule per policy id")  # fmt: skip
+    if trial.model.conv:
+        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
+    folder = Path(folder)
+    if (folder / ENGINE_DIR).is_dir():
+        folder = folder / ENGINE_DIR
+    module_dir = folder / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE / DEFAULT_MODULE_ID
+    if not module_dir.is_dir():
+        raise ValueError(f"{folder} holds no RLlib RLModule at {module_dir.relative_to(folder)} (not an rllib "
+                         "checkpoint?)")  # fmt: skip
+    module: Any = RLModule.from_checkpoint(module_dir.resolve())
+    module.eval()
+    space = module.action_space
+    if trial.algorithm == "dqn" and isinstance(space, spaces.Discrete):
+        return DictOutput(module, "actions")  # the RLModule's argmax of its Q-values already
+    net = DictOutput(module, "action_dist_inputs")
+    if isinstance(space, spaces.Discrete):
+        return GreedyPolicy(net)
+    if not isinstance(space, spaces.Box) or len(space.shape) != 1:
+        raise ValueError(f"{trial.name}: export takes Discrete or flat Box actions; this trial acts on {space}")
+    config = build_config(trial, plan=ResourcePlan(1, 1.0, 0, ""), env_name="unused")
+    low, high = space.low.astype(float), space.high.astype(float)
+    squash = trial.algorithm == "sac"
+    act_dim = int(space.shape[0])
+    if config.normalize_actions:
+        return GreedyPolicy(net, act_dim=act_dim, squash=squash, mid=(low + high) / 2, scale=(high - low) / 2,
+                            low=low, high=high)  # fmt: skip
+    if config.clip_actions:
+        return GreedyPolicy(net, act_dim=act_dim, squash=squash, low=low, high=high)
+    return GreedyPolicy(net, act_dim=act_dim, squash=squash)
+
+
 class RllibAdapter:
     """Ray RLlib 2.60, new API stack: PPO, IMPALA, DQN through AlgorithmConfig."""
 

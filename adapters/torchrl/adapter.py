@@ -24,6 +24,7 @@ acts uniformly at random only for what is left of ``learning_starts`` (:func:`in
 from __future__ import annotations
 
 import functools
+import math
 import signal
 import threading
 import time
@@ -664,6 +665,37 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
         if net is not None:
             net.eval()
     return greedy_act(learner) if greedy else sample_act(learner)
+
+
+def export_policy(trial: Trial, folder: Path) -> Any:
+    """The checkpoint's greedy policy as a pure torch module (:class:`~crossrl.adapters.exported.GreedyPolicy`) for
+    `crossrl export`, as :func:`greedy_act` acts: the argmax of the policy network's logits (Discrete actions) or of
+    the Q-network's values (DQN); a Gaussian's mean clipped to the env's bounds; SAC's ``tanh(loc)`` (the first half
+    of its actor network's outputs), in [-1, 1]."""
+    from crossrl.adapters.exported import GreedyPolicy
+
+    if trial.env.multi_agent:
+        raise ValueError(f"{trial.name}: export takes single-agent trials; a multi-agent trial's checkpoint holds one "
+                         "policy per group")  # fmt: skip
+    if trial.model.conv:
+        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
+    folder = Path(folder)
+    if (folder / ENGINE_DIR).is_dir():
+        folder = folder / ENGINE_DIR
+    state = read_state(folder)
+    check_algorithm(state, trial.algorithm)
+    learner: Any = build_learner(trial=trial, **state["dims"])
+    learner.load_state_dict(state)
+    if hasattr(learner, "qnet"):
+        return GreedyPolicy(learner.qnet.eval())
+    net = learner.actor_net.eval()
+    dims = state["dims"]
+    if "n_actions" in dims:
+        return GreedyPolicy(net)
+    act_dim = int(math.prod(dims["action_shape"]))
+    if trial.algorithm == "sac":
+        return GreedyPolicy(net, act_dim=act_dim, squash=True)
+    return GreedyPolicy(net, act_dim=act_dim, low=dims["action_low"], high=dims["action_high"])
 
 
 Episodes = Callable[[TensorDictBase], tuple[list[float], list[int], dict[str, float]]]
