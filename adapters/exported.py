@@ -22,6 +22,11 @@ class GreedyPolicy(nn.Module):
     the first ``act_dim`` outputs, then in order ``tanh`` (``squash``), clip to [-1, 1] (``unit_clip``),
     ``mid + scale * a`` (``scale`` given), clip to ``[low, high]`` (``low`` / ``high`` given)."""
 
+    mid: torch.Tensor
+    scale: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+
     def __init__(
         self,
         net: nn.Module,
@@ -66,6 +71,9 @@ class GreedyPolicy(nn.Module):
 class EnvActions(nn.Module):
     """A Box policy's actions in [-1, 1] (``env.actions: unit``) mapped to the env's own bounds, as gymnasium's
     ``RescaleAction`` does on every engine's env: ``low + (a + 1) (high - low) / 2``."""
+
+    low: torch.Tensor
+    high: torch.Tensor
 
     def __init__(self, policy: nn.Module, low: Sequence[float], high: Sequence[float]) -> None:
         super().__init__()
