@@ -1,5 +1,5 @@
-"""`crossrl export`'s pure parts: crossrl's core policies (PPO on Discrete and Box actions, DQN, SAC) written as
-TorchScript from a checkpoint's state act as the engine's own greedy policy; the sidecar says the I/O; the heads'
+"""`crossrl export`'s pure parts: crossrl's core policies and TorchRL's learners (PPO on Discrete and Box actions,
+DQN, SAC) written as TorchScript from a checkpoint's state act as the engine's own greedy policy; the sidecar says the I/O; the heads'
 maths; an engine without an exporter is one line. (Every engine end to end: tests/integration/test_export.py.)"""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import pytest
 import torch
 
 from crossrl.adapters import checkpoints
-from crossrl.adapters.crossrl import STATE_FILE, load_policy
+from crossrl.adapters.crossrl import STATE_FILE
 from crossrl.adapters.exported import EnvActions, GreedyPolicy
 from crossrl.core import algorithms
 from crossrl.core.envs import make_env
 from crossrl.orchestration.export import ExportError, example_observations, export_policy, policy_exporter
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.load` is deprecated:DeprecationWarning")
 CASES = {  # case -> env, algorithm
     "ppo-discrete": ("CartPole-v1", "ppo"),
     "ppo-box": ("Pendulum-v1", "ppo"),
@@ -29,13 +30,13 @@ CASES = {  # case -> env, algorithm
 }
 
 
-def _trial(env_id: str, algorithm: str) -> Trial:
+def _trial(env_id: str, algorithm: str, engine: str = "crossrl") -> Trial:
     spec = ScenarioSpec.model_validate(
         {
             "name": f"export-{algorithm}",
             "env": {"id": env_id},
             "algorithm": {"name": algorithm, "model": {"hidden": [16]}},
-            "engines": ["crossrl"],
+            "engines": [engine],
             "budget": {"env_steps": 1000},
         }
     )
@@ -45,6 +46,8 @@ def _trial(env_id: str, algorithm: str) -> Trial:
 def _checkpoint(trial: Trial, root: Path) -> Path:
     """A checkpoint folder whose engine folder holds the trial's freshly built policy, its weights scaled up (the
     initial policy's means are ~0.01: the Box cases must reach the bounds)."""
+    if trial.engine == "torchrl":
+        return _torchrl_checkpoint(trial, root)
     alg = algorithms.load(trial.algorithm)
     env = make_env(trial.env)
     policy = alg.policy_cls(observation_space=env.observation_space, action_space=env.action_space,
@@ -58,21 +61,40 @@ def _checkpoint(trial: Trial, root: Path) -> Path:
     return root
 
 
+def _torchrl_checkpoint(trial: Trial, root: Path) -> Path:
+    """As :func:`_checkpoint`, a TorchRL learner's state (its last layer's weights scaled up)."""
+    from crossrl.adapters.torchrl.adapter import learner_dims
+    from crossrl.adapters.torchrl.algorithms import build_learner
+
+    learner: Any = build_learner(trial=trial, **learner_dims(trial.env))
+    net = learner.qnet if hasattr(learner, "qnet") else learner.actor_net
+    with torch.no_grad():
+        net[-1].weight.mul_(300.0)
+    engine = root / checkpoints.ENGINE_DIR
+    engine.mkdir(parents=True)
+    learner.save(engine)
+    return root
+
+
+@pytest.mark.parametrize("engine", ["crossrl", "torchrl"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_crossrl_policy_exports_its_greedy_actions(case: str, tmp_path: Path) -> None:
-    trial = _trial(*CASES[case])
+def test_policy_exports_its_greedy_actions(case: str, engine: str, tmp_path: Path) -> None:
+    """crossrl's core and TorchRL's learners (RLlib's RLModules: tests/integration/test_export.py)."""
+    from crossrl.orchestration.evaluate import policy_loader
+
+    trial = _trial(*CASES[case], engine=engine)
     folder = _checkpoint(trial, tmp_path / "ckpt")
     done = export_policy(trial, "run123", folder, {"env_steps_sampled": 1234}, tmp_path / "out")
     module = torch.jit.load(str(done.path))
     env = make_env(trial.env)
     raw = make_env(trial.env.model_copy(update={"actions": "env"}))
     obs = example_observations(env.observation_space, 64, seed=7) * 3
-    act = load_policy(trial, folder / checkpoints.ENGINE_DIR, greedy=True)
+    act = policy_loader(engine)(trial, folder / checkpoints.ENGINE_DIR, greedy=True)
     expected = np.stack([np.asarray(act(o)) for o in obs])
     with torch.no_grad():
         got = module(torch.from_numpy(obs)).numpy()
     info = json.loads(done.sidecar.read_text())
-    assert info["engine"] == "crossrl" and info["algorithm"] == trial.algorithm and info["run_id"] == "run123"
+    assert info["engine"] == engine and info["algorithm"] == trial.algorithm and info["run_id"] == "run123"
     assert info["checkpoint"]["env_steps_sampled"] == 1234 and info["trial"] == trial.name
     assert info["input"]["shape"] == ["B", *env.observation_space.shape] and info["input"]["dtype"] == "float32"
     if trial.algorithm in ("ppo", "dqn") and case != "ppo-box":
