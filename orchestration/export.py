@@ -114,7 +114,14 @@ def export_policy(trial: Trial, run_id: str, folder: Path, meta: dict[str, Any],
     finally:
         env.close()
         raw.close()
-    module = exporter(trial, folder / checkpoints.ENGINE_DIR)
+    try:
+        module = exporter(trial, folder / checkpoints.ENGINE_DIR)
+    except (ValueError, TypeError, NotImplementedError) as e:  # what the engine refuses, said by the engine
+        raise ExportError(str(e) if str(e).startswith(trial.name) else f"{trial.name}: {e}") from None
+    except Exception as e:  # a checkpoint the engine cannot read back: one line, not a traceback
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ExportError(f"{trial.name}: {trial.engine} could not rebuild its policy from {folder}: "
+                          f"{type(e).__name__}: {first}") from None  # fmt: skip
     rescaled = isinstance(act_space, gym.spaces.Box) and not (
         np.array_equal(act_space.low, env_space.low) and np.array_equal(act_space.high, env_space.high)
     )

@@ -166,3 +166,12 @@ def test_example_observations_stay_in_the_bounds() -> None:
     x: Any = example_observations(space, 100)
     assert x.dtype == np.float32 and x.shape == (100, 2)
     assert np.all(np.abs(x[:, 0]) <= 0.1) and np.abs(x[:, 1]).max() < 10
+
+
+def test_a_checkpoint_the_engine_cannot_read_is_one_line(tmp_path: Path) -> None:
+    trial = _trial("CartPole-v1", "ppo", engine="torchrl")
+    (tmp_path / checkpoints.ENGINE_DIR).mkdir()
+    with pytest.raises(ExportError) as e:
+        export_policy(trial, "run", tmp_path, {}, tmp_path / "out")
+    assert str(e.value).startswith(f"{trial.name}: ") and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists()
