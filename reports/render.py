@@ -212,6 +212,8 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None, marks: Sequen
             "there is no scaling to show (give execution.workers several counts)."
             + note.partition("smallest worker count; efficiency = speedup / (workers / that count).")[2]
         )
+    elif st.batch_note:
+        note += " " + st.batch_note
     text = frozenset({0})
     if trials is not None and "layout" in trials and (trials["layout"].fillna("").astype(str) != "").any():
         headers, rows, note = _with_layouts(headers, rows, note, trials, marks)
@@ -323,7 +325,8 @@ def _convergence_table(st: S.ReportStats) -> Table:
         "seeds; a seed that missed counts at what it ran, which makes the speedup a bound: ≤ where the count's own "
         "seeds missed, ≥ where the fewest workers' did, ~ where both did. Speedup = T(fewest) / T(N), with a "
         "bootstrap CI over both groups' seeds; efficiency = speedup / worker ratio; sample cost = env steps(N) / env "
-        "steps(fewest); worker-s = N × T(N), what a cloud bill charges.",
+        "steps(fewest); worker-s = N × T(N), what a cloud bill charges."
+        + (f" {st.batch_note}" if st.batch_note else ""),
     )
 
 

@@ -36,6 +36,7 @@ from mlflow.tracking import MlflowClient
 import crossrl
 from crossrl.reports.journal import KEY_TAG, Journal, Sender, is_ref
 from crossrl.scenarios import metrics as M
+from crossrl.scenarios.catalog import batch_per_worker_key
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 DEFAULT_RESULTS_DIR = Path("crossrl-results")
@@ -236,6 +237,9 @@ class ResultsStore:
             "target_return": "" if trial.target_return is None else str(trial.target_return),
             "budget_env_steps": "" if trial.budget.env_steps is None else str(trial.budget.env_steps),
             "budget_train_seconds": "" if trial.budget.train_seconds is None else f"{trial.budget.train_seconds:g}",
+            # execution.scaling as this trial ran it, and the batch it sized (the report says which each figure used)
+            "scaling": trial.batch_scaling,
+            "scaling.batch": f"{batch_per_worker_key(trial.algorithm)}={trial.hp(batch_per_worker_key(trial.algorithm))}",
         }
         run_id = self._create_run(trial.scenario, trial.name, tags, ref_tags=("mlflow.parentRunId",))
         params = flatten(spec.model_dump(mode="json", exclude={"description"}), prefix="spec.")
@@ -658,6 +662,8 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "reason": tags.get("reason", ""),
         "target_return": _num(tags.get("target_return")),
         "budget_env_steps": _int_or_zero(tags.get("budget_env_steps")),  # 0: a time budget only
+        "scaling": tags.get("scaling", ""),  # strong / weak ("" before execution.scaling existed)
+        "scaling_batch": tags.get("scaling.batch", ""),  # e.g. train_batch=4000
         # a sweep's trial (`crossrl run --parallel`) that ran beside others on its node: contended speed
         "node_shared": tags.get("node.shared") == "true",
         # a pixel env's clip of the final policy (crossrl.adapters.base.send_clip): artifact name, raw score, steps

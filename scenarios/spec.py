@@ -17,7 +17,16 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from crossrl.scenarios.catalog import DEFAULT_OPTIMIZER, ENGINES, HYPERPARAM_DEFAULTS, VALID_OPTIMIZERS, AlgorithmName
+from crossrl.scenarios.catalog import (
+    DEFAULT_OPTIMIZER,
+    ENGINES,
+    HYPERPARAM_DEFAULTS,
+    NATURAL_SCALING,
+    VALID_OPTIMIZERS,
+    AlgorithmName,
+    BatchScaling,
+    scaled_hyperparams,
+)
 
 MAX_SEED = 2**31 - 1
 """The largest seed: engines add worker offsets to it and some seed generators take 32 bits at most."""
@@ -488,6 +497,12 @@ class ExecutionSpec(BaseModel):
         description="each engine's execution layout (TorchRL's batched env, RLlib's vectorisation); the same envs "
         "and steps in any of them, so not part of the fingerprint",
     )
+    scaling: BatchScaling | None = Field(
+        default=None,
+        description="how the batch behaves as workers grow: strong, the train batch held fixed and split over the "
+        "workers; weak, a batch per worker held fixed, so the train batch grows with them; null: the algorithm's own "
+        "(strong for ppo, a2c and impala, weak for a3c, dqn, apex and sac)",
+    )
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -889,6 +904,11 @@ class ScenarioSpec(BaseModel):
         """crossrl's policy optimizer for this spec (the algorithm's default when not set)."""
         return self.execution.optimizer or DEFAULT_OPTIMIZER[self.algorithm.name]
 
+    @property
+    def batch_scaling(self) -> BatchScaling:
+        """Strong or weak scaling of the batch (``execution.scaling``; the algorithm's own when not set)."""
+        return self.execution.scaling or NATURAL_SCALING[self.algorithm.name]
+
     def canonical(self) -> dict[str, Any]:
         """What determines a trial's conditions: everything but labels and the trial axes.
 
@@ -904,6 +924,9 @@ class ScenarioSpec(BaseModel):
         data["execution"].pop("transport")  # how fragments travel, not what is sampled
         data["execution"].pop("layout")  # how each engine steps the same envs, likewise
         data["execution"]["optimizer"] = self.optimizer
+        data["execution"].pop("scaling")
+        if self.batch_scaling != NATURAL_SCALING[self.algorithm.name]:  # at the algorithm's own, fingerprints hold
+            data["execution"]["scaling"] = self.batch_scaling
         if not self.budget.stop_at_target:
             # Added after baselines existed: left out at its default so their fingerprints still match.
             data["budget"].pop("stop_at_target")
@@ -953,7 +976,8 @@ class ScenarioSpec(BaseModel):
                 optimizer=self.optimizer,
                 transport=self.execution.transport,
                 layout=self.execution.layout.for_engine(engine),
-                hyperparams=hp,
+                hyperparams=scaled_hyperparams(self.algorithm.name, hp, self.batch_scaling, workers),
+                batch_scaling=self.batch_scaling,
                 model=self.algorithm.model,
                 env=self.env,
                 workers=workers,
@@ -1126,6 +1150,7 @@ class Trial(BaseModel):
     ray_address: str | None = None
     transport: Transport = DEFAULT_TRANSPORT  # crossrl only
     layout: dict[str, Any] = Field(default_factory=dict)  # this engine's part of execution.layout (rllib, torchrl)
+    batch_scaling: BatchScaling = "strong"  # execution.scaling as resolved; hyperparams already scaled by it
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     # Set by the runner: the folder this trial's checkpoints go to, and the checkpoint it continues from (--resume).
     checkpoint_dir: str | None = None
