@@ -36,11 +36,13 @@ from mlflow.tracking import MlflowClient
 import crossrl
 from crossrl.reports.journal import KEY_TAG, Journal, Sender, is_ref
 from crossrl.scenarios import metrics as M
-from crossrl.scenarios.spec import ScenarioSpec, Trial
+from crossrl.scenarios.spec import ScenarioSpec, Trial, native_text
 
 DEFAULT_RESULTS_DIR = Path("crossrl-results")
 HISTORY_ARTIFACT = "metrics.csv"
 NATIVE_CONFIG_ARTIFACT = "native_config.json"
+NATIVE_OVERRIDES_TAG = "native.overrides"
+"""A trial's engine-native settings on one line (``training.vf_clip_param=5.0``); absent when it ran with none."""
 SPEC_ARTIFACT = "spec.json"
 CANONICAL_SPEC_ARTIFACT = "spec_canonical.json"
 
@@ -237,6 +239,8 @@ class ResultsStore:
             "budget_env_steps": "" if trial.budget.env_steps is None else str(trial.budget.env_steps),
             "budget_train_seconds": "" if trial.budget.train_seconds is None else f"{trial.budget.train_seconds:g}",
         }
+        if trial.native:  # engine-native settings: this trial does not follow the equal-settings rule
+            tags[NATIVE_OVERRIDES_TAG] = native_text(trial.native)
         run_id = self._create_run(trial.scenario, trial.name, tags, ref_tags=("mlflow.parentRunId",))
         params = flatten(spec.model_dump(mode="json", exclude={"description"}), prefix="spec.")
         params.update(flatten(trial.hyperparams, prefix="hp."))
