@@ -670,6 +670,8 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "clip_length": _num(tags.get("clip.length")),
         "clip_ended": tags.get("clip.ended", "") != "false",
         "clip_policy": tags.get("clip.policy", ""),
+        # engine-native settings the trial ran with (the spec's native section): outside the equal-settings rule
+        "native_overrides": tags.get(NATIVE_OVERRIDES_TAG, ""),
     }
     for k in ("workers", "envs_per_worker", "seed"):
         row[k] = int(row[k]) if str(row[k]).isdigit() else -1
