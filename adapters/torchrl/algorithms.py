@@ -373,6 +373,8 @@ class OnPolicyLearner:
         else:
             self.loss_kwargs = {**common, **native_kwargs(trial, "loss")}
             self.loss = A2CLoss(self.actor, self.critic, **self.loss_kwargs)
+        # the raw critic loss is reported as loss_critic / critic_coeff: a native critic_coeff is the one applied
+        self.vf_coeff = float(self.loss_kwargs.get("critic_coeff") or self.vf_coeff)
         gamma = float(trial.hp("gamma"))
         self.estimator: GAE | VTrace
         if self.algo == "impala":
