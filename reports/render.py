@@ -10,6 +10,7 @@ holds every number of the tables with the fingerprint, versions and machine, for
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -56,6 +57,26 @@ class Table:
     rows: Sequence[Sequence[str]]
     note: str = ""
     text_columns: frozenset[int] = frozenset({0})  # left-aligned; the others are numbers
+
+
+def mark_native(tables: Sequence[Table], native: Mapping[str, str]) -> list[Table]:
+    """The tables with the engine-native mark (§) beside each engine that ran with engine-native settings, in every
+    column headed ``engine``, and a note saying what it means."""
+    if not native:
+        return list(tables)
+    out = []
+    for t in tables:
+        cols = [i for i, h in enumerate(t.headers) if h == "engine"]
+        rows = [[f"{c} {V.NATIVE_MARK}" if i in cols and c in native else c for i, c in enumerate(r)] for r in t.rows]
+        if rows == [list(r) for r in t.rows]:
+            out.append(t)
+            continue
+        note = (t.note + " " if t.note else "") + (
+            f"{V.NATIVE_MARK} Ran with engine-native settings (the spec's native section): outside the "
+            "equal-settings rule."
+        )
+        out.append(dataclasses.replace(t, rows=rows, note=note))
+    return out
 
 
 def _fin(x: Any) -> bool:
@@ -745,12 +766,14 @@ def build_report(
     rng = np.random.default_rng(rng_seed)
     st = S.compute(trials=trials, points=points, rng=rng, grid_points=grid_points)
     doc = _document(st=st, trials=trials, meta=meta, rng_seed=rng_seed, grid_points=grid_points)
-    doc["verdict"] = V.verdict(st)
+    native = V.native_settings(trials)
+    doc["verdict"] = V.verdict(st) + V.native_lines(native)
+    doc["native_settings"] = native
     if doc.get("spec"):  # the spec as stored stays in doc["spec"] (crossrl regress compares it)
         doc["resolved_spec"] = resolved_spec(doc["spec"])
     marks = layout_marks(trials, meta.get("layout_sweeps") or [])
     doc["layouts"] = _jsonable([m.to_dict() for m in marks])
-    tables = _tables(st, trials, marks)
+    tables = mark_native(_tables(st, trials, marks), native)
     figures = make_figures(st)
     if V.single_worker_count(st):  # a one-point scaling chart says nothing
         figures = [f for f in figures if f.key != "scaling"]
