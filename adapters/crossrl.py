@@ -100,7 +100,7 @@ class CrossrlAdapter:
             torch.set_num_threads(1)
             torch.manual_seed(trial.seed)
             alg = algorithms.load(trial.algorithm)
-            hp = alg.hyperparams(trial.hyperparams)
+            hp = alg.hyperparams(trial.hyperparams, trial.native.get("settings"))
             # Never ask for more CPUs than exist, or actors would wait forever for resources.
             cpus = cluster.available_cpus()
             remote_cpus = min(1.0, math.floor(100 * cpus / trial.workers) / 100)
@@ -231,7 +231,7 @@ def _restored_policy(trial: Trial, folder: Path) -> Policy:
         policy = alg.policy_cls(
             observation_space=env.observation_space,
             action_space=env.action_space,
-            hyperparams=alg.hyperparams(trial.hyperparams),
+            hyperparams=alg.hyperparams(trial.hyperparams, trial.native.get("settings")),
             model=trial.model,
             seed=trial.seed,
         )

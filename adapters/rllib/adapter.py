@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
-from crossrl.adapters.base import MetricSink, send_clip
+from crossrl.adapters.base import MetricSink, send_clip, signature_keywords
 from crossrl.adapters.checkpoints import ENGINE_DIR, META, Resumed, resume_seed
 from crossrl.adapters.rllib.results import (
     LOSS_KEYS,
@@ -428,14 +428,70 @@ def model_config(model: ModelSpec) -> Any:
     )
 
 
-def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
-    """The trial's AlgorithmConfig (not built); pure apart from importing RLlib."""
+def config_classes() -> dict[str, Any]:
+    """Algorithm -> the RLlib AlgorithmConfig class crossrl builds for it."""
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.impala import IMPALAConfig
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.algorithms.sac import SACConfig
 
-    classes = {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig, "sac": SACConfig}
+    return {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig, "sac": SACConfig}
+
+
+# The AlgorithmConfig methods a spec's ``native.rllib`` may call, each with its keyword arguments. api_stack, framework
+# and callbacks stay crossrl's: the new API stack on torch, and the episode callback the returns are read from.
+NATIVE_METHODS: Final[tuple[str, ...]] = (
+    "training",
+    "env_runners",
+    "environment",
+    "learners",
+    "rl_module",
+    "resources",
+    "reporting",
+    "debugging",
+    "fault_tolerance",
+    "evaluation",
+    "multi_agent",
+    "checkpointing",
+    "offline_data",
+    "python_environment",
+)
+
+
+def native_problems(algorithm: str, native: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What RLlib's AlgorithmConfig for ``algorithm`` cannot take of a spec's ``native.rllib`` (method -> keyword
+    arguments), one line each naming the key and how to fix it."""
+    from crossrl.scenarios.spec import suggest
+
+    cls = config_classes().get(algorithm)
+    if cls is None:
+        return []  # the registry refuses the algorithm on rllib
+    problems = []
+    for method, kwargs in native.items():
+        where = f"native.rllib.{method}"
+        if method not in NATIVE_METHODS:
+            hint = suggest(method, NATIVE_METHODS)
+            what = "is no setting method that native.rllib may call" if hasattr(cls, method) else "is no method"
+            problems.append(
+                f"{where}: {method!r} of RLlib's {cls.__name__} {what}; native.rllib takes "
+                f"{', '.join(NATIVE_METHODS)}" + (f"; {hint}" if hint else "")
+            )
+            continue
+        keywords = signature_keywords(cls, method)
+        for key in kwargs:
+            if key not in keywords:
+                hint = suggest(key, keywords)
+                problems.append(
+                    f"{where}.{key}: RLlib's {cls.__name__}.{method}() takes no keyword {key!r}"
+                    + (f"; {hint}" if hint else f"; see the keywords of {cls.__name__}.{method}() in RLlib 2.60")
+                )
+    return problems
+
+
+def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
+    """The trial's AlgorithmConfig (not built); pure apart from importing RLlib. The spec's ``native.rllib`` methods
+    are called last, so their values win over crossrl's."""
+    classes = config_classes()
     if trial.algorithm not in classes:
         raise ValueError(f"rllib cannot run {trial.algorithm}; it runs {', '.join(classes)}")
     on_episode_end: Any = _on_episode_end
@@ -497,6 +553,8 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         config.algo_class = SACUniformWarmup
         # a point per 1000 env steps at the least, as crossrl's replay optimizers report (RLlib's SAC: 100)
         config.reporting(min_sample_timesteps_per_iteration=1000)
+    for method, kwargs in trial.native.items():  # engine-native settings (native.rllib), as written: they win
+        getattr(config, method)(**kwargs)
     return config
 
 
@@ -833,11 +891,12 @@ def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None) ->
 
 def trial_learning_rates(trial: Trial) -> float | dict[str, float]:
     """The learning rate a restored trial's optimizers continue with: its ``lr``, or SAC's per optimizer name."""
+    native = trial.native.get("training", {})  # a native learning rate (native.rllib.training) wins, as it did
     if trial.algorithm == "sac":
         from crossrl.adapters.rllib.sac import OPTIMIZER_LR
 
-        return {name: float(trial.hp(key)) for name, key in OPTIMIZER_LR.items()}
-    return float(trial.hp("lr"))
+        return {name: float(native.get(key, trial.hp(key))) for name, key in OPTIMIZER_LR.items()}
+    return float(native.get("lr", trial.hp("lr")))
 
 
 def _checkpoint_env_step(folder: Path) -> int | None:

@@ -81,6 +81,7 @@ def _engine_actions(results: Path, scenario: str, obs: np.ndarray) -> dict[str, 
     return out
 
 
+@pytest.mark.system  # a whole run on every engine first: about a minute each
 @pytest.mark.parametrize("algorithm", list(CASES))
 def test_exported_policies_act_as_each_engine_without_it(algorithm: str, tmp_path: Path, results_dir: Path) -> None:
     import gymnasium as gym
