@@ -75,7 +75,7 @@ test-fast: install
 	$(BIN)/pytest -m "not learning and not integration and not cluster" $(PYTEST_FLAGS)
 
 # Full learning runs (long: about an hour on 2 cores). tests/learning goes through the real runner and
-# writes crossrl-results/learning/table.md (the README's table); tests/core checks the core in-process.
+# writes crossrl-results/learning/table.md (docs/learning.md's table); tests/core checks the core in-process.
 # K selects cases by pytest -k expression: make learning-tests K="crossrl and (ppo or a2c or dqn)"
 learning-tests: install
 	$(BIN)/pytest -m learning -s --timeout 7200 tests/learning tests/core $(if $(K),-k "$(K)") $(PYTEST_FLAGS)

@@ -897,6 +897,47 @@ def evaluate(
 
 
 @app.command()
+def export(
+    target: Annotated[
+        str, typer.Argument(metavar="RUN_OR_TRIAL", help="a trial's run id, a `crossrl run`'s run id, or a scenario")
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="folder for <trial>.pt and <trial>.json (default: RESULTS_DIR/export)")
+    ] = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+) -> None:
+    """Write trained policies from their trials' newest checkpoints as TorchScript files (observations -> greedy
+    actions; they load with torch alone: torch.jit.load) with a JSON sidecar of their inputs and outputs."""
+    from crossrl.adapters.checkpoints import CheckpointMismatch
+    from crossrl.orchestration.evaluate import EvaluateError, newest_checkpoint, trials_to_evaluate
+    from crossrl.orchestration.export import ExportError, export_policy
+    from crossrl.reports.store import StoreError
+
+    store = _open_store(tracking_uri, results_dir)
+    folder_out = out if out is not None else results_dir / "export"
+    problems = []
+    try:
+        todo = trials_to_evaluate(store, target)
+    except (EvaluateError, StoreError) as e:
+        _fail([str(e)])
+    for trial, run in todo:
+        try:
+            folder, meta = newest_checkpoint(trial, run)
+            done = export_policy(trial, str(run.info.run_id), folder, meta, folder_out)
+        except (EvaluateError, ExportError, CheckpointMismatch, ValueError, TypeError, NotImplementedError) as e:
+            problems.append(f"{trial.name}: {e}" if not str(e).startswith(trial.name) else str(e))
+            continue
+        output = done.info["output"]
+        typer.echo(
+            f"{trial.name}: {done.path} ({output['dtype']} actions {output['shape']}, checkpoint env step "
+            f"{done.info['checkpoint']['env_steps_sampled']:,}); sidecar {done.sidecar}"
+        )
+    if problems:
+        _fail(problems)
+
+
+@app.command()
 def runs(
     scenario: Annotated[str | None, typer.Argument(help="only this scenario's runs")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, help="at most this many, newest first")] = 50,

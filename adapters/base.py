@@ -256,7 +256,10 @@ class MetricSink:
         self._emit({"kind": "point", "step": int(env_steps_sampled), "values": out})
 
     def native_config(self, config: Mapping[str, Any]) -> None:
-        """The engine's resolved native config, stored as an artifact for audit."""
+        """The engine's resolved native config, stored as an artifact for audit; with the trial's engine-native
+        settings (the spec's ``native`` section for this engine, as written) under ``crossrl_native_settings``."""
+        if self.trial.native:
+            config = {**config, NATIVE_SETTINGS_KEY: self.trial.native}
         self._emit({"kind": "native_config", "config": _jsonable(config)})
 
     def tags(self, **tags: str) -> None:
@@ -270,6 +273,10 @@ class MetricSink:
     # -- transport -------------------------------------------------------------------------------
     def _emit(self, message: dict[str, Any]) -> None:
         raise NotImplementedError
+
+
+NATIVE_SETTINGS_KEY = "crossrl_native_settings"
+"""Where a trial's native config holds the engine-native settings it ran with (they break the equal-settings rule)."""
 
 
 class ListSink(MetricSink):
@@ -330,6 +337,25 @@ def send_clip(sink: MetricSink, make_act: Callable[[], Callable[[Any], Any]]) ->
         )
     except Exception as e:  # noqa: BLE001 - a clip is an extra: the trial stands without it
         print(f"warning: no clip of the final policy: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
+def signature_keywords(cls: type, method: str = "__init__") -> list[str]:
+    """The keyword arguments ``cls.<method>`` names in its real signature (``inspect.signature``); a definition that
+    passes ``**kwargs`` on (RLlib's PPOConfig.training to AlgorithmConfig.training, TorchRL's Collector) adds those of
+    the next one up the class's MRO. What an engine-native setting (the spec's ``native``) is checked against."""
+    import inspect
+
+    names: list[str] = []
+    for klass in cls.__mro__:
+        fn = vars(klass).get(method)
+        if fn is None or klass is object:
+            continue
+        params = list(inspect.signature(fn).parameters.values())[1:]  # self
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        names += [p.name for p in params if p.kind in kinds and p.name not in names]
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    return names
 
 
 def _jsonable(obj: Any) -> Any:

@@ -100,7 +100,7 @@ class CrossrlAdapter:
             torch.set_num_threads(1)
             torch.manual_seed(trial.seed)
             alg = algorithms.load(trial.algorithm)
-            hp = alg.hyperparams(trial.hyperparams)
+            hp = alg.hyperparams(trial.hyperparams, trial.native.get("settings"))
             # Never ask for more CPUs than exist, or actors would wait forever for resources.
             cpus = cluster.available_cpus()
             remote_cpus = min(1.0, math.floor(100 * cpus / trial.workers) / 100)
@@ -207,6 +207,19 @@ def load_state(folder: Path) -> dict[str, Any]:
 def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[[Any], Any]:
     """The trained policy of a checkpoint's engine folder, for one single-agent observation: greedy (argmax of the
     logits or Q-values) or sampled from the policy (a Q-policy: epsilon-greedy at its final epsilon)."""
+    policy = _restored_policy(trial, folder)
+    if greedy:
+        return greedy_act(policy)
+
+    def act(obs: Any) -> Any:
+        actions, _ = policy.compute_actions(obs[None], explore=True)
+        return actions[0]
+
+    return act
+
+
+def _restored_policy(trial: Trial, folder: Path) -> Policy:
+    """The trial's policy with a checkpoint's engine folder's weights (and a Q-policy's epsilon)."""
     from crossrl.core import algorithms
     from crossrl.core.envs import make_env
 
@@ -218,7 +231,7 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
         policy = alg.policy_cls(
             observation_space=env.observation_space,
             action_space=env.action_space,
-            hyperparams=alg.hyperparams(trial.hyperparams),
+            hyperparams=alg.hyperparams(trial.hyperparams, trial.native.get("settings")),
             model=trial.model,
             seed=trial.seed,
         )
@@ -228,14 +241,37 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
     policy.set_weights(state["weights"])
     if state.get("epsilon") is not None:  # a Q-policy explores at the epsilon it had reached
         policy.set_epsilon(float(state["epsilon"]))
-    if greedy:
-        return greedy_act(policy)
+    return policy
 
-    def act(obs: Any) -> Any:
-        actions, _ = policy.compute_actions(obs[None], explore=True)
-        return actions[0]
 
-    return act
+def export_policy(trial: Trial, folder: Path) -> Any:
+    """The checkpoint's greedy policy as a pure torch module (:class:`~crossrl.adapters.exported.GreedyPolicy`) for
+    `crossrl export`: the argmax of the actor's logits (PPO, A2C, A3C, IMPALA on Discrete actions) or of the
+    Q-values (DQN, Ape-X); a Gaussian's mean clipped to the env's bounds, as the evaluators clip every action before
+    stepping the env; SAC's ``mid + scale * tanh(mean)``. MultiDiscrete actions and conv models: ValueError."""
+    from crossrl.adapters.exported import GreedyPolicy
+    from crossrl.core.actor_critic import ActorCriticPolicy
+    from crossrl.core.q_policy import QPolicy
+    from crossrl.core.sac_policy import SACPolicy
+
+    if trial.model.conv:
+        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
+    policy = _restored_policy(trial, folder)
+    if isinstance(policy, SACPolicy):
+        return GreedyPolicy(
+            policy._nets().actor, act_dim=policy.act_dim, squash=True, mid=policy.act_mid, scale=policy.act_scale
+        )
+    if isinstance(policy, QPolicy):
+        return GreedyPolicy(policy.q)
+    if isinstance(policy, ActorCriticPolicy) and policy.nvec is None:
+        if policy.discrete:
+            return GreedyPolicy(policy.net["pi"])
+        space = policy.action_space
+        return GreedyPolicy(policy.net["pi"], act_dim=policy.act_dim, low=space.low.reshape(-1),
+                            high=space.high.reshape(-1))  # fmt: skip
+    raise ValueError(
+        f"{trial.name}: export takes Discrete or Box actions; {trial.algorithm} here acts on {policy.action_space}"
+    )
 
 
 def greedy_act(policy: Policy) -> Callable[[Any], Any]:

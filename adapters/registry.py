@@ -44,6 +44,9 @@ class EngineInfo:
     # "module:function": load_policy(trial, folder, *, greedy) -> act(obs), a trained policy from a checkpoint's
     # engine folder (`crossrl evaluate`); None: the engine cannot reload one
     policy_loader: str | None = None
+    # "module:function": export_policy(trial, folder) -> a pure torch module, obs [B, ...] -> greedy action, from a
+    # checkpoint's engine folder (`crossrl export`); None: the engine cannot export one
+    policy_exporter: str | None = None
     # algorithm -> the action spaces the engine runs it on, where they differ from every engine's (ACTION_SPACES)
     action_spaces: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -78,6 +81,7 @@ BUILTIN: dict[str, EngineInfo] = {
         id="crossrl",
         target="crossrl.adapters.crossrl:CrossrlAdapter",
         policy_loader="crossrl.adapters.crossrl:load_policy",
+        policy_exporter="crossrl.adapters.crossrl:export_policy",
         description="crossrl's own core on Ray (RLlib paper: policy graph, evaluator actors, optimizers)",
         supported={
             "ppo": "sync_samples (or async_gradients)",
@@ -99,6 +103,7 @@ BUILTIN: dict[str, EngineInfo] = {
         id="rllib",
         target="crossrl.adapters.rllib:RllibAdapter",
         policy_loader="crossrl.adapters.rllib:load_policy",
+        policy_exporter="crossrl.adapters.rllib:export_policy",
         description="Ray RLlib 2.60, new API stack, through AlgorithmConfig",
         supported={
             "ppo": "PPO: env runners sample synchronously, local learner",
@@ -120,6 +125,7 @@ BUILTIN: dict[str, EngineInfo] = {
         id="torchrl",
         target="crossrl.adapters.torchrl:TorchrlAdapter",
         policy_loader="crossrl.adapters.torchrl:load_policy",
+        policy_exporter="crossrl.adapters.torchrl:export_policy",
         multi_agent_target="crossrl.adapters.torchrl:TorchrlMultiAgentAdapter",
         description="TorchRL 0.14: collectors, losses and value estimators",
         supported={

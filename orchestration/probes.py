@@ -22,7 +22,27 @@ def validate_probes() -> Any:
         unsupported=unsupported,
         failing=_engine_failures,
         settings={"crossrl": _crossrl_settings, "rllib": _rllib_settings},
+        native_problems=_native_problems,
     )
+
+
+def _native_problems(spec: Any) -> list[str]:
+    """The spec's ``native`` settings for RLlib and TorchRL against those engines' own classes (RLlib's AlgorithmConfig
+    methods and their keywords, TorchRL's loss, torch's Adam and the collector by their signatures), for the engines
+    the spec runs only: a section for an engine left out (--engines) is unused. One line per key; an engine is
+    imported only when the spec has native settings for it."""
+    problems: list[str] = []
+    if spec.native.get("rllib") and "rllib" in spec.engines:
+        from crossrl.adapters.rllib import adapter as rllib
+
+        problems += rllib.native_problems(spec.algorithm.name, spec.native["rllib"])
+    if spec.native.get("torchrl") and "torchrl" in spec.engines:
+        from crossrl.adapters.torchrl import adapter as torchrl
+
+        firsts = {t.workers: t for t in spec.trials() if t.engine == "torchrl"}  # the collector class follows workers
+        for trial in firsts.values():
+            problems += [line for line in torchrl.native_problems(in_default_layout(trial)) if line not in problems]
+    return problems
 
 
 def _env_spaces(env: Any) -> Any:
@@ -213,7 +233,7 @@ def _crossrl_settings(trial: Any) -> list[str]:
         "config):",
         f"  optimizer: {trial.optimizer}; transport: {trial.transport}; policy: {alg.policy_cls.__name__}; "
         f"{evaluators}; reward clip: {'sign' if trial.env.resolved_reward_clip else 'off'}",
-        f"  hyperparams: {pairs(alg.hyperparams(trial.hyperparams))}",
+        f"  hyperparams: {pairs(alg.hyperparams(trial.hyperparams, trial.native.get('settings')))}",
         f"  model: {pairs(trial.model.model_dump(mode='json'))}",
     ]
 
@@ -231,6 +251,7 @@ def _rllib_settings(trial: Any) -> list[str]:
         "num_learners": config.num_learners,
     }
     settings = rllib.training_settings(trial, num_env_runners=config.num_env_runners)
+    settings |= trial.native.get("training", {})  # native.rllib.training, called last: its values win
     settings.pop("rollout_fragment_length", None)
     # The keys RLlib's default RLModules read for this network (an MLP encoder, or a CNN encoder and MLP heads).
     keys: tuple[str, ...] = ("fcnet_hiddens", "fcnet_activation", "head_fcnet_hiddens", "vf_share_layers")

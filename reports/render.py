@@ -10,6 +10,7 @@ holds every number of the tables with the fingerprint, versions and machine, for
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
 import math
@@ -56,6 +57,26 @@ class Table:
     rows: Sequence[Sequence[str]]
     note: str = ""
     text_columns: frozenset[int] = frozenset({0})  # left-aligned; the others are numbers
+
+
+def mark_native(tables: Sequence[Table], native: Mapping[str, str]) -> list[Table]:
+    """The tables with the engine-native mark (§) beside each engine that ran with engine-native settings, in every
+    column headed ``engine``, and a note saying what it means."""
+    if not native:
+        return list(tables)
+    out = []
+    for t in tables:
+        cols = [i for i, h in enumerate(t.headers) if h == "engine"]
+        rows = [[f"{c} {V.NATIVE_MARK}" if i in cols and c in native else c for i, c in enumerate(r)] for r in t.rows]
+        if rows == [list(r) for r in t.rows]:
+            out.append(t)
+            continue
+        note = (t.note + " " if t.note else "") + (
+            f"{V.NATIVE_MARK} Ran with engine-native settings (the spec's native section): outside the "
+            "equal-settings rule."
+        )
+        out.append(dataclasses.replace(t, rows=rows, note=note))
+    return out
 
 
 def _fin(x: Any) -> bool:
@@ -212,6 +233,8 @@ def _tables(st: S.ReportStats, trials: pd.DataFrame | None = None, marks: Sequen
             "there is no scaling to show (give execution.workers several counts)."
             + note.partition("smallest worker count; efficiency = speedup / (workers / that count).")[2]
         )
+    elif st.batch_note:
+        note += " " + st.batch_note
     text = frozenset({0})
     if trials is not None and "layout" in trials and (trials["layout"].fillna("").astype(str) != "").any():
         headers, rows, note = _with_layouts(headers, rows, note, trials, marks)
@@ -323,7 +346,8 @@ def _convergence_table(st: S.ReportStats) -> Table:
         "seeds; a seed that missed counts at what it ran, which makes the speedup a bound: ≤ where the count's own "
         "seeds missed, ≥ where the fewest workers' did, ~ where both did. Speedup = T(fewest) / T(N), with a "
         "bootstrap CI over both groups' seeds; efficiency = speedup / worker ratio; sample cost = env steps(N) / env "
-        "steps(fewest); worker-s = N × T(N), what a cloud bill charges.",
+        "steps(fewest); worker-s = N × T(N), what a cloud bill charges."
+        + (f" {st.batch_note}" if st.batch_note else ""),
     )
 
 
@@ -742,12 +766,14 @@ def build_report(
     rng = np.random.default_rng(rng_seed)
     st = S.compute(trials=trials, points=points, rng=rng, grid_points=grid_points)
     doc = _document(st=st, trials=trials, meta=meta, rng_seed=rng_seed, grid_points=grid_points)
-    doc["verdict"] = V.verdict(st)
+    native = V.native_settings(trials)
+    doc["verdict"] = V.verdict(st) + V.native_lines(native)
+    doc["native_settings"] = native
     if doc.get("spec"):  # the spec as stored stays in doc["spec"] (crossrl regress compares it)
         doc["resolved_spec"] = resolved_spec(doc["spec"])
     marks = layout_marks(trials, meta.get("layout_sweeps") or [])
     doc["layouts"] = _jsonable([m.to_dict() for m in marks])
-    tables = _tables(st, trials, marks)
+    tables = mark_native(_tables(st, trials, marks), native)
     figures = make_figures(st)
     if V.single_worker_count(st):  # a one-point scaling chart says nothing
         figures = [f for f in figures if f.key != "scaling"]

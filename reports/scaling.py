@@ -415,3 +415,31 @@ def fits_frame(fits: Sequence[ModelFit]) -> pd.DataFrame:
             row.update({f"holdout_{k}": v for k, v in f.holdout.items()})
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def batch_note(counted: pd.DataFrame) -> str:
+    """Which batch scaling the trials ran (``execution.scaling``: the ``scaling`` and ``scaling_batch`` columns), in a
+    sentence: "Batch: strong scaling, the train batch held fixed and split over the workers (train_batch 4000 at every
+    worker count)." Empty where the trials carry no such tags (stored before the setting existed)."""
+    if counted.empty or "scaling" not in counted or not counted["scaling"].astype(bool).any():
+        return ""
+    modes = sorted(set(counted["scaling"]) - {""})
+    parts = []
+    for mode in modes:
+        rows = counted[counted["scaling"] == mode]
+        by_count = rows.groupby("workers")["scaling_batch"].first().sort_index()
+        values = [str(v).partition("=") for v in by_count]
+        key = values[0][0]
+        sizes = [int(v[2]) if v[2].isdigit() else v[2] for v in values]
+        if len(set(sizes)) == 1:
+            sizing = f"{key} {sizes[0]:,} at every worker count" if isinstance(sizes[0], int) else key
+        else:
+            first, last = by_count.index[0], by_count.index[-1]
+            sizing = f"{key} {sizes[0]:,} at {first} worker{'s' if first > 1 else ''} to {sizes[-1]:,} at {last}"
+        meaning = (
+            "the train batch held fixed and split over the workers"
+            if mode == "strong"
+            else "a batch per worker held fixed, so the train batch grows with the workers"
+        )
+        parts.append(f"{mode} scaling, {meaning} ({sizing})")
+    return "Batch: " + "; ".join(parts) + " (`execution.scaling`, docs/fairness.md)."

@@ -245,6 +245,7 @@ class ReportStats:
     # convergence scaling (reports/scaling.py): per engine with 2+ worker counts and a target; empty otherwise
     convergence: pd.DataFrame = field(default_factory=pd.DataFrame)
     convergence_fits: pd.DataFrame = field(default_factory=pd.DataFrame)  # Amdahl and USL, 3+ worker counts
+    batch_note: str = ""  # which batch scaling the trials ran (reports.scaling.batch_note); "" where untagged
 
 
 def engine_sort_key(engine: str) -> tuple[int, str]:
@@ -568,7 +569,14 @@ def compute(
         budget_env_steps=int(trials["budget_env_steps"].max()) if len(trials) else 0,
         **_convergence(counted, last_wall, last_step, wide, rng=rng, has_target=bool(len(targets))),
         **_at_common(counted, wide, last_step, rng=rng),
+        batch_note=_batch_note(counted),
     )
+
+
+def _batch_note(counted: pd.DataFrame) -> str:
+    from crossrl.reports import scaling as SC
+
+    return SC.batch_note(counted)
 
 
 def _at_common(

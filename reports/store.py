@@ -36,11 +36,14 @@ from mlflow.tracking import MlflowClient
 import crossrl
 from crossrl.reports.journal import KEY_TAG, Journal, Sender, is_ref
 from crossrl.scenarios import metrics as M
-from crossrl.scenarios.spec import ScenarioSpec, Trial
+from crossrl.scenarios.catalog import batch_per_worker_key
+from crossrl.scenarios.spec import ScenarioSpec, Trial, native_text
 
 DEFAULT_RESULTS_DIR = Path("crossrl-results")
 HISTORY_ARTIFACT = "metrics.csv"
 NATIVE_CONFIG_ARTIFACT = "native_config.json"
+NATIVE_OVERRIDES_TAG = "native.overrides"
+"""A trial's engine-native settings on one line (``training.vf_clip_param=5.0``); absent when it ran with none."""
 SPEC_ARTIFACT = "spec.json"
 CANONICAL_SPEC_ARTIFACT = "spec_canonical.json"
 
@@ -250,7 +253,12 @@ class ResultsStore:
             "target_return": "" if trial.target_return is None else str(trial.target_return),
             "budget_env_steps": "" if trial.budget.env_steps is None else str(trial.budget.env_steps),
             "budget_train_seconds": "" if trial.budget.train_seconds is None else f"{trial.budget.train_seconds:g}",
+            # execution.scaling as this trial ran it, and the batch it sized (the report says which each figure used)
+            "scaling": trial.batch_scaling,
+            "scaling.batch": f"{batch_per_worker_key(trial.algorithm)}={trial.hp(batch_per_worker_key(trial.algorithm))}",
         }
+        if trial.native:  # engine-native settings: this trial does not follow the equal-settings rule
+            tags[NATIVE_OVERRIDES_TAG] = native_text(trial.native)
         run_id = self._create_run(trial.scenario, trial.name, tags, ref_tags=("mlflow.parentRunId",))
         params = flatten(spec.model_dump(mode="json", exclude={"description"}), prefix="spec.")
         params.update(flatten(trial.hyperparams, prefix="hp."))
@@ -672,6 +680,8 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "reason": tags.get("reason", ""),
         "target_return": _num(tags.get("target_return")),
         "budget_env_steps": _int_or_zero(tags.get("budget_env_steps")),  # 0: a time budget only
+        "scaling": tags.get("scaling", ""),  # strong / weak ("" before execution.scaling existed)
+        "scaling_batch": tags.get("scaling.batch", ""),  # e.g. train_batch=4000
         # a sweep's trial (`crossrl run --parallel`) that ran beside others on its node: contended speed
         "node_shared": tags.get("node.shared") == "true",
         # a pixel env's clip of the final policy (crossrl.adapters.base.send_clip): artifact name, raw score, steps
@@ -680,6 +690,8 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "clip_length": _num(tags.get("clip.length")),
         "clip_ended": tags.get("clip.ended", "") != "false",
         "clip_policy": tags.get("clip.policy", ""),
+        # engine-native settings the trial ran with (the spec's native section): outside the equal-settings rule
+        "native_overrides": tags.get(NATIVE_OVERRIDES_TAG, ""),
     }
     for k in ("workers", "envs_per_worker", "seed"):
         row[k] = int(row[k]) if str(row[k]).isdigit() else -1

@@ -236,6 +236,32 @@ def _sampler(st: S.ReportStats, workers: int) -> str | None:
     return f"Fastest sampler: {best['engine']}, {ratio:.1f}x {second['engine']} (median env steps/s: {parts}){shared}."
 
 
+NATIVE_MARK = "§"
+"""Beside an engine in the report's tables: it ran with engine-native settings (the spec's ``native`` section)."""
+
+
+def native_settings(trials: pd.DataFrame) -> dict[str, str]:
+    """Engine -> the engine-native settings its trials ran with, on one line (their ``native.overrides`` tag), for
+    the engines that had any."""
+    if "native_overrides" not in trials.columns:
+        return {}
+    out: dict[str, str] = {}
+    for engine, rows in trials.groupby("engine", sort=False):
+        texts = sorted({str(t) for t in rows["native_overrides"].fillna("") if str(t)})
+        if texts:
+            out[str(engine)] = "; ".join(texts)
+    return dict(sorted(out.items(), key=lambda kv: S.engine_sort_key(kv[0])))
+
+
+def native_lines(native: dict[str, str]) -> list[str]:
+    """One verdict line per engine that ran with engine-native settings: its figures break the equal-settings rule."""
+    return [
+        f"{NATIVE_MARK} {engine} ran with engine-native settings ({text}): its figures do not follow the "
+        "equal-settings rule."
+        for engine, text in native.items()
+    ]
+
+
 def verdict(st: S.ReportStats) -> list[str]:
     """The verdict's sentences, per worker count (prefixed by it when the run has several)."""
     counted = sorted({int(w) for w in st.final_return["workers"]}) if not st.final_return.empty else []

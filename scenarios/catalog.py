@@ -9,6 +9,7 @@ lists every optimizer it accepts.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Final, Literal, get_args
 
 AlgorithmName = Literal["ppo", "a2c", "a3c", "impala", "dqn", "apex", "sac"]
@@ -170,3 +171,40 @@ PIXEL_MODELS: Final[dict[str, dict[str, Any]]] = {
     # The Nature CNN (Mnih et al. 2015): three convs, a 512-unit layer.
     "atari": {"conv": [[32, 8, 4], [64, 4, 2], [64, 3, 1]], "hidden": [512], "activation": "relu"},
 }
+
+
+# How an algorithm's batch behaves as workers grow (execution.scaling): "strong", the train batch held fixed and split
+# over the workers; "weak", a batch per worker held fixed, so the train batch grows with them. Each algorithm's own
+# (what execution.scaling null means, and what its hyperparameters have always meant): PPO's and A2C's train_batch is
+# one synchronous batch split over the workers, IMPALA's the learner's batch of fixed-length fragments; A3C's
+# train_batch is each worker's batch per gradient, and the replay algorithms' rollout_fragment each worker's share of
+# a sampling round. docs/fairness.md says how each engine's knobs take the rewritten values.
+BatchScaling = Literal["strong", "weak"]
+NATURAL_SCALING: Final[dict[str, BatchScaling]] = {
+    "ppo": "strong",
+    "a2c": "strong",
+    "impala": "strong",
+    "a3c": "weak",
+    "dqn": "weak",
+    "apex": "weak",
+    "sac": "weak",
+}
+
+
+def scaled_hyperparams(algorithm: str, hp: dict[str, Any], scaling: BatchScaling, workers: int) -> dict[str, Any]:
+    """``hp`` as a trial of ``workers`` workers runs them under ``scaling``: unchanged where that is the algorithm's
+    own; else the batch the algorithm's hyperparameter names held per worker (weak: PPO's, A2C's and IMPALA's
+    ``train_batch`` x workers) or split over the workers (strong: A3C's per-gradient ``train_batch`` and the replay
+    algorithms' ``rollout_fragment`` / workers, rounded up, at least 1)."""
+    if scaling == NATURAL_SCALING[algorithm]:
+        return hp
+    if algorithm in ("ppo", "a2c", "impala"):
+        return {**hp, "train_batch": int(hp["train_batch"]) * workers}
+    key = "train_batch" if algorithm == "a3c" else "rollout_fragment"
+    return {**hp, key: max(1, math.ceil(int(hp[key]) / workers))}
+
+
+def batch_per_worker_key(algorithm: str) -> str:
+    """The hyperparameter that sizes what scaling holds fixed or splits: ``rollout_fragment`` for the replay
+    algorithms, ``train_batch`` for the others."""
+    return "rollout_fragment" if algorithm in ("dqn", "apex", "sac") else "train_batch"

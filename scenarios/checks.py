@@ -49,6 +49,7 @@ from crossrl.scenarios.spec import (
     TargetSpec,
     Trial,
     conv_problem,
+    native_text,
     suggest,
 )
 
@@ -130,6 +131,8 @@ class Probes:
     failing: Callable[[list[Trial], EnvSpaces | None], list[tuple[Trial, str]]] = lambda trials, spaces: []
     # engine id -> the lines of its resolved settings for one trial (`crossrl validate --show`)
     settings: Mapping[str, Callable[[Trial], list[str]]] = field(default_factory=dict)
+    # the spec's engine-native settings against the engines' own classes, for the engines the spec runs: one line each
+    native_problems: Callable[[ScenarioSpec], list[str]] = lambda spec: []
 
 
 def env_checks(
@@ -297,6 +300,8 @@ def check_raw(
     if env is not None and (spec is not None or env_id_problem(env.model_dump(), label) is None):
         lines, out.spaces = env_checks(env, algorithm, probes, env_cache)
         out.problems += [f"{label}: {line}" for line in lines]
+    if spec is not None:
+        out.problems += [f"{label}: {line}" for line in probes.native_problems(spec)]
     if spec is not None and not out.problems and trials:
         all_trials = spec.trials()
         out.unsupported = probes.unsupported(all_trials)
@@ -440,6 +445,11 @@ def show_lines(checked: Checked, probes: Probes) -> list[str]:
             lines += show(trial)
         except Exception as e:  # the settings could not be resolved: say so, the checks above passed
             lines.append(f"{engine}, {workers_text(workers)}: its settings could not be resolved: {first_line(e)}")
+        if trial.native:
+            lines.append(
+                f"  native (engine-native settings, passed as written; they break the equal-settings rule): "
+                f"{native_text(trial.native)}"
+            )
     return lines
 
 

@@ -17,7 +17,17 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from crossrl.scenarios.catalog import DEFAULT_OPTIMIZER, ENGINES, HYPERPARAM_DEFAULTS, VALID_OPTIMIZERS, AlgorithmName
+from crossrl.scenarios.catalog import (
+    CROSSRL_SETTINGS,
+    DEFAULT_OPTIMIZER,
+    ENGINES,
+    HYPERPARAM_DEFAULTS,
+    NATURAL_SCALING,
+    VALID_OPTIMIZERS,
+    AlgorithmName,
+    BatchScaling,
+    scaled_hyperparams,
+)
 
 MAX_SEED = 2**31 - 1
 """The largest seed: engines add worker offsets to it and some seed generators take 32 bits at most."""
@@ -488,6 +498,12 @@ class ExecutionSpec(BaseModel):
         description="each engine's execution layout (TorchRL's batched env, RLlib's vectorisation); the same envs "
         "and steps in any of them, so not part of the fingerprint",
     )
+    scaling: BatchScaling | None = Field(
+        default=None,
+        description="how the batch behaves as workers grow: strong, the train batch held fixed and split over the "
+        "workers; weak, a batch per worker held fixed, so the train batch grows with them; null: the algorithm's own "
+        "(strong for ppo, a2c and impala, weak for a3c, dqn, apex and sac)",
+    )
 
     @field_validator("workers", mode="before")
     @classmethod
@@ -844,6 +860,17 @@ class ScenarioSpec(BaseModel):
     search: SearchSpec | None = Field(
         default=None, description="what `crossrl tune` searches (the scenario's own trials do not use it)"
     )
+    native: dict[str, dict[str, dict[str, Any]]] = Field(
+        default_factory=dict,
+        description=(
+            "engine-native settings, passed to the engine as written after crossrl's own (they win): engine -> "
+            "section -> keyword arguments. rllib: AlgorithmConfig method -> its keyword arguments ({training: "
+            "{vf_clip_param: 5.0}}); torchrl: loss, optimizer, collector -> keyword arguments of the loss class, "
+            "torch.optim.Adam, the collector class; crossrl: settings -> crossrl's own settings beyond the shared "
+            "hyperparameters (adam_eps, ...). They break the equal-settings rule: the report marks the engines that "
+            "ran with them. A section for an engine the run leaves out (--engines) is unused"
+        ),
+    )
 
     @field_validator("engines")
     @classmethod
@@ -870,8 +897,10 @@ class ScenarioSpec(BaseModel):
         return check_seeds(v)
 
     @model_validator(mode="after")
-    def _sections_agree(self) -> ScenarioSpec:
+    def _sections_agree(self, info: ValidationInfo) -> ScenarioSpec:
         problems = cross_field_problems(env=self.env, algorithm=self.algorithm, execution=self.execution)
+        known = (info.context or {}).get("engines", ENGINES)
+        problems += native_problems(self.native, algorithm=self.algorithm.name, engines=known)
         if not self.checkpoint.replay_buffer and self.algorithm.name != "sac":
             problems.append(
                 f"checkpoint.replay_buffer: false applies to sac only ({self.algorithm.name} keeps "
@@ -889,6 +918,11 @@ class ScenarioSpec(BaseModel):
         """crossrl's policy optimizer for this spec (the algorithm's default when not set)."""
         return self.execution.optimizer or DEFAULT_OPTIMIZER[self.algorithm.name]
 
+    @property
+    def batch_scaling(self) -> BatchScaling:
+        """Strong or weak scaling of the batch (``execution.scaling``; the algorithm's own when not set)."""
+        return self.execution.scaling or NATURAL_SCALING[self.algorithm.name]
+
     def canonical(self) -> dict[str, Any]:
         """What determines a trial's conditions: everything but labels and the trial axes.
 
@@ -899,11 +933,16 @@ class ScenarioSpec(BaseModel):
         data = self.model_dump(
             mode="json", exclude={"name", "description", "engines", "seeds", "regress", "checkpoint", "search"}
         )
+        if not data["native"]:  # left out when empty: fingerprints from before the field still match
+            data.pop("native")
         data["algorithm"]["hyperparams"] = self.algorithm.resolved_hyperparams()
         data["execution"].pop("workers")
         data["execution"].pop("transport")  # how fragments travel, not what is sampled
         data["execution"].pop("layout")  # how each engine steps the same envs, likewise
         data["execution"]["optimizer"] = self.optimizer
+        data["execution"].pop("scaling")
+        if self.batch_scaling != NATURAL_SCALING[self.algorithm.name]:  # at the algorithm's own, fingerprints hold
+            data["execution"]["scaling"] = self.batch_scaling
         if not self.budget.stop_at_target:
             # Added after baselines existed: left out at its default so their fingerprints still match.
             data["budget"].pop("stop_at_target")
@@ -953,7 +992,8 @@ class ScenarioSpec(BaseModel):
                 optimizer=self.optimizer,
                 transport=self.execution.transport,
                 layout=self.execution.layout.for_engine(engine),
-                hyperparams=hp,
+                hyperparams=scaled_hyperparams(self.algorithm.name, hp, self.batch_scaling, workers),
+                batch_scaling=self.batch_scaling,
                 model=self.algorithm.model,
                 env=self.env,
                 workers=workers,
@@ -963,6 +1003,7 @@ class ScenarioSpec(BaseModel):
                 target_return=self.target.episode_return_mean,
                 ray_address=ray_address,
                 checkpoint=self.checkpoint,
+                native=self.native.get(engine, {}),
             )
             for workers in self.execution.workers
             for seed in self.seeds
@@ -1105,6 +1146,66 @@ def search_problems(search: SearchSpec, *, algorithm: AlgorithmSpec, target: Tar
     return problems
 
 
+# The sections of each built-in engine's ``native`` part (rllib: any AlgorithmConfig method, checked against RLlib
+# itself by `crossrl validate`: crossrl.orchestration.probes).
+NATIVE_SECTIONS: dict[str, tuple[str, ...]] = {
+    "crossrl": ("settings",),
+    "torchrl": ("loss", "optimizer", "collector"),
+}
+
+
+def native_problems(native: Mapping[str, Any], *, algorithm: str, engines: Iterable[str] = ENGINES) -> list[str]:
+    """What is wrong in a spec's ``native`` section that needs no engine to tell, one line each naming the key: an
+    engine that does not exist, a section the engine has not, crossrl's own settings the algorithm has not. The
+    keyword arguments RLlib's and TorchRL's classes take are checked against the classes at `crossrl validate`
+    (crossrl.orchestration.probes)."""
+    known = tuple(engines)
+    problems: list[str] = []
+    for engine, sections in native.items():
+        if engine not in known:
+            hint = suggest(engine, known)
+            problems.append(
+                f"native.{engine}: {engine!r} is no engine (engines: {', '.join(known)})"
+                + (f"; {hint}" if hint else "; name an engine, or remove the section")
+            )
+            continue
+        allowed = NATIVE_SECTIONS.get(engine)
+        for name, kwargs in sections.items():
+            where = f"native.{engine}.{name}"
+            if allowed is not None and name not in allowed:
+                hint = suggest(name, allowed)
+                problems.append(
+                    f"{where}: {engine} has no native section {name!r}; its sections: {', '.join(allowed)}"
+                    + (f"; {hint}" if hint else "")
+                )
+                continue
+            if engine == "crossrl":
+                own = [k for k in CROSSRL_SETTINGS[algorithm] if k not in Hyperparams.model_fields]
+                for key in kwargs:
+                    if key in Hyperparams.model_fields:
+                        problems.append(
+                            f"{where}.{key}: {key} is a shared hyperparameter; set it in algorithm.hyperparams "
+                            "(every engine then gets it)"
+                        )
+                    elif key not in own:
+                        hint = suggest(key, own)
+                        problems.append(
+                            f"{where}.{key}: crossrl's {algorithm} has no setting {key!r}; its settings: "
+                            f"{', '.join(own)}" + (f"; {hint}" if hint else "")
+                        )
+    return problems
+
+
+def native_text(native: Mapping[str, Mapping[str, Any]]) -> str:
+    """One engine's native settings on one line, e.g. ``training.vf_clip_param=5.0, env_runners.x=64`` (the trial's
+    ``native.overrides`` tag, the report's note)."""
+    return ", ".join(
+        f"{section}.{key}={json.dumps(value, default=str)}"
+        for section, kwargs in native.items()
+        for key, value in kwargs.items()
+    )
+
+
 class Trial(BaseModel):
     """One engine x workers x seed run of a scenario; what an adapter receives (JSON-serializable)."""
 
@@ -1126,7 +1227,11 @@ class Trial(BaseModel):
     ray_address: str | None = None
     transport: Transport = DEFAULT_TRANSPORT  # crossrl only
     layout: dict[str, Any] = Field(default_factory=dict)  # this engine's part of execution.layout (rllib, torchrl)
+    batch_scaling: BatchScaling = "strong"  # execution.scaling as resolved; hyperparams already scaled by it
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    # This engine's part of the spec's ``native`` section (section -> keyword arguments), applied after crossrl's own
+    # settings; empty for a trial that follows the equal-settings rule.
+    native: dict[str, dict[str, Any]] = Field(default_factory=dict)
     # Set by the runner: the folder this trial's checkpoints go to, and the checkpoint it continues from (--resume).
     checkpoint_dir: str | None = None
     resume_from: str | None = None

@@ -8,6 +8,6 @@ May import: ``crossrl.scenarios``, ``crossrl.core``, ``crossrl.reports`` and ``c
 ``crossrl.adapters``).
 """
 
-from crossrl.adapters.rllib.adapter import RllibAdapter, env_creator, load_policy
+from crossrl.adapters.rllib.adapter import RllibAdapter, env_creator, export_policy, load_policy
 
-__all__ = ["RllibAdapter", "env_creator", "load_policy"]
+__all__ = ["RllibAdapter", "env_creator", "export_policy", "load_policy"]

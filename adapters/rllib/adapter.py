@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
-from crossrl.adapters.base import MetricSink, send_clip
+from crossrl.adapters.base import MetricSink, send_clip, signature_keywords
 from crossrl.adapters.checkpoints import ENGINE_DIR, META, Resumed, resume_seed
 from crossrl.adapters.rllib.results import (
     LOSS_KEYS,
@@ -428,14 +428,70 @@ def model_config(model: ModelSpec) -> Any:
     )
 
 
-def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
-    """The trial's AlgorithmConfig (not built); pure apart from importing RLlib."""
+def config_classes() -> dict[str, Any]:
+    """Algorithm -> the RLlib AlgorithmConfig class crossrl builds for it."""
     from ray.rllib.algorithms.dqn import DQNConfig
     from ray.rllib.algorithms.impala import IMPALAConfig
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.algorithms.sac import SACConfig
 
-    classes = {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig, "sac": SACConfig}
+    return {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig, "sac": SACConfig}
+
+
+# The AlgorithmConfig methods a spec's ``native.rllib`` may call, each with its keyword arguments. api_stack, framework
+# and callbacks stay crossrl's: the new API stack on torch, and the episode callback the returns are read from.
+NATIVE_METHODS: Final[tuple[str, ...]] = (
+    "training",
+    "env_runners",
+    "environment",
+    "learners",
+    "rl_module",
+    "resources",
+    "reporting",
+    "debugging",
+    "fault_tolerance",
+    "evaluation",
+    "multi_agent",
+    "checkpointing",
+    "offline_data",
+    "python_environment",
+)
+
+
+def native_problems(algorithm: str, native: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """What RLlib's AlgorithmConfig for ``algorithm`` cannot take of a spec's ``native.rllib`` (method -> keyword
+    arguments), one line each naming the key and how to fix it."""
+    from crossrl.scenarios.spec import suggest
+
+    cls = config_classes().get(algorithm)
+    if cls is None:
+        return []  # the registry refuses the algorithm on rllib
+    problems = []
+    for method, kwargs in native.items():
+        where = f"native.rllib.{method}"
+        if method not in NATIVE_METHODS:
+            hint = suggest(method, NATIVE_METHODS)
+            what = "is no setting method that native.rllib may call" if hasattr(cls, method) else "is no method"
+            problems.append(
+                f"{where}: {method!r} of RLlib's {cls.__name__} {what}; native.rllib takes "
+                f"{', '.join(NATIVE_METHODS)}" + (f"; {hint}" if hint else "")
+            )
+            continue
+        keywords = signature_keywords(cls, method)
+        for key in kwargs:
+            if key not in keywords:
+                hint = suggest(key, keywords)
+                problems.append(
+                    f"{where}.{key}: RLlib's {cls.__name__}.{method}() takes no keyword {key!r}"
+                    + (f"; {hint}" if hint else f"; see the keywords of {cls.__name__}.{method}() in RLlib 2.60")
+                )
+    return problems
+
+
+def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
+    """The trial's AlgorithmConfig (not built); pure apart from importing RLlib. The spec's ``native.rllib`` methods
+    are called last, so their values win over crossrl's."""
+    classes = config_classes()
     if trial.algorithm not in classes:
         raise ValueError(f"rllib cannot run {trial.algorithm}; it runs {', '.join(classes)}")
     on_episode_end: Any = _on_episode_end
@@ -497,6 +553,8 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         config.algo_class = SACUniformWarmup
         # a point per 1000 env steps at the least, as crossrl's replay optimizers report (RLlib's SAC: 100)
         config.reporting(min_sample_timesteps_per_iteration=1000)
+    for method, kwargs in trial.native.items():  # engine-native settings (native.rllib), as written: they win
+        getattr(config, method)(**kwargs)
     return config
 
 
@@ -833,11 +891,12 @@ def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None) ->
 
 def trial_learning_rates(trial: Trial) -> float | dict[str, float]:
     """The learning rate a restored trial's optimizers continue with: its ``lr``, or SAC's per optimizer name."""
+    native = trial.native.get("training", {})  # a native learning rate (native.rllib.training) wins, as it did
     if trial.algorithm == "sac":
         from crossrl.adapters.rllib.sac import OPTIMIZER_LR
 
-        return {name: float(trial.hp(key)) for name, key in OPTIMIZER_LR.items()}
-    return float(trial.hp("lr"))
+        return {name: float(native.get(key, trial.hp(key))) for name, key in OPTIMIZER_LR.items()}
+    return float(native.get("lr", trial.hp("lr")))
 
 
 def _checkpoint_env_step(folder: Path) -> int | None:
@@ -918,6 +977,52 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
         return a
 
     return act
+
+
+def export_policy(trial: Trial, folder: Path) -> Any:
+    """The checkpoint's greedy policy as a pure torch module (:class:`~crossrl.adapters.exported.GreedyPolicy`) for
+    `crossrl export`, as :func:`load_policy` acts greedily: the RLModule's ``forward_inference`` and then the argmax of
+    its ``action_dist_inputs`` (PPO, IMPALA on Discrete actions), its ``actions`` (DQN: the argmax of the Q-values),
+    a Gaussian's mean (the first half of the inputs) or SAC's ``tanh(mean)``, a Box action then through
+    ``normalize_actions`` (``low + (a + 1) (high - low) / 2``, clipped to the bounds) or ``clip_actions``."""
+    from gymnasium import spaces
+    from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
+    from ray.rllib.core.rl_module.rl_module import RLModule
+
+    from crossrl.adapters.exported import DictOutput, GreedyPolicy
+
+    if trial.env.multi_agent:
+        raise ValueError(f"{trial.name}: export takes single-agent trials; an RLlib multi-agent checkpoint holds one "
+                         "RLModule per policy id")  # fmt: skip
+    if trial.model.conv:
+        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
+    folder = Path(folder)
+    if (folder / ENGINE_DIR).is_dir():
+        folder = folder / ENGINE_DIR
+    module_dir = folder / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE / DEFAULT_MODULE_ID
+    if not module_dir.is_dir():
+        raise ValueError(f"{folder} holds no RLlib RLModule at {module_dir.relative_to(folder)} (not an rllib "
+                         "checkpoint?)")  # fmt: skip
+    module: Any = RLModule.from_checkpoint(module_dir.resolve())
+    module.eval()
+    space = module.action_space
+    if trial.algorithm == "dqn" and isinstance(space, spaces.Discrete):
+        return DictOutput(module, "actions")  # the RLModule's argmax of its Q-values already
+    net = DictOutput(module, "action_dist_inputs")
+    if isinstance(space, spaces.Discrete):
+        return GreedyPolicy(net)
+    if not isinstance(space, spaces.Box) or len(space.shape) != 1:
+        raise ValueError(f"{trial.name}: export takes Discrete or flat Box actions; this trial acts on {space}")
+    config = build_config(trial, plan=ResourcePlan(1, 1.0, 0, ""), env_name="unused")
+    low, high = space.low.astype(float), space.high.astype(float)
+    squash = trial.algorithm == "sac"
+    act_dim = int(space.shape[0])
+    if config.normalize_actions:
+        return GreedyPolicy(net, act_dim=act_dim, squash=squash, mid=(low + high) / 2, scale=(high - low) / 2,
+                            low=low, high=high)  # fmt: skip
+    if config.clip_actions:
+        return GreedyPolicy(net, act_dim=act_dim, squash=squash, low=low, high=high)
+    return GreedyPolicy(net, act_dim=act_dim, squash=squash)
 
 
 class RllibAdapter:

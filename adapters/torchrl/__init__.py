@@ -8,7 +8,7 @@ May import: ``crossrl.scenarios``, ``crossrl.core``, ``crossrl.reports`` and ``c
 ``crossrl.adapters``).
 """
 
-from crossrl.adapters.torchrl.adapter import TorchrlAdapter, load_policy
+from crossrl.adapters.torchrl.adapter import TorchrlAdapter, export_policy, load_policy
 from crossrl.adapters.torchrl.multi_agent import TorchrlMultiAgentAdapter
 
-__all__ = ["TorchrlAdapter", "TorchrlMultiAgentAdapter", "load_policy"]
+__all__ = ["TorchrlAdapter", "TorchrlMultiAgentAdapter", "export_policy", "load_policy"]

@@ -24,6 +24,7 @@ acts uniformly at random only for what is left of ``learning_starts`` (:func:`in
 from __future__ import annotations
 
 import functools
+import math
 import signal
 import threading
 import time
@@ -53,7 +54,7 @@ from torchrl.envs import (
 from crossrl.adapters.base import MetricSink, send_clip
 from crossrl.adapters.checkpoints import ENGINE_DIR, Resumed
 from crossrl.adapters.checkpoints import resume_seed as collector_seed
-from crossrl.adapters.torchrl.algorithms import build_learner, check_algorithm, read_state
+from crossrl.adapters.torchrl.algorithms import build_learner, check_algorithm, native_kwargs, read_state
 from crossrl.core.envs import make_env
 from crossrl.core.maths import mean_stats
 from crossrl.scenarios import metrics as M
@@ -260,6 +261,62 @@ def collector_class(trial: Trial) -> str:
     return "MultiSyncCollector" if sync else "MultiAsyncCollector"
 
 
+# Keyword arguments crossrl passes itself as the objects it builds (networks, parameters, envs, the policy): a spec's
+# native.torchrl cannot give them.
+_BUILT_BY_CROSSRL: dict[str, frozenset[str]] = {
+    "loss": frozenset({"actor_network", "critic_network", "value_network", "qvalue_network", "actor", "critic",
+                       "action_space", "action_spec", "functional"}),
+    "optimizer": frozenset({"params"}),
+    "collector": frozenset({"create_env_fn", "policy", "policy_factory", "create_env_kwargs", "num_workers",
+                            "collector_class", "init_fn", "postproc", "replay_buffer", "weight_updater"}),
+}  # fmt: skip
+
+
+def native_classes(trial: Trial) -> dict[str, type]:
+    """Section of ``native.torchrl`` -> the TorchRL (or torch) class its keyword arguments go to for ``trial``."""
+    from torchrl import collectors
+    from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, SACLoss
+
+    losses = {"ppo": ClipPPOLoss, "dqn": DQNLoss, "sac": SACLoss}
+    collector = collector_class(trial)
+    return {
+        "loss": losses.get(trial.algorithm, A2CLoss),
+        "optimizer": torch.optim.Adam,
+        # RayCollector hands the collector keyword arguments to each of its Collectors
+        "collector": getattr(collectors, "Collector" if collector == "RayCollector" else collector),
+    }
+
+
+def native_problems(trial: Trial) -> list[str]:
+    """What TorchRL's classes for ``trial`` do not take of its ``native.torchrl`` (section -> keyword arguments), by
+    their real signatures, one line each naming the key and how to fix it."""
+    from crossrl.adapters.base import signature_keywords
+    from crossrl.scenarios.spec import suggest
+
+    classes = native_classes(trial)
+    problems = []
+    for section, kwargs in trial.native.items():
+        cls = classes.get(section)
+        if cls is None:
+            continue  # the spec's own check names the sections
+        where = f"native.torchrl.{section}"
+        keywords = [k for k in signature_keywords(cls) if k not in _BUILT_BY_CROSSRL[section]]
+        for key in kwargs:
+            if key in _BUILT_BY_CROSSRL[section]:
+                problems.append(f"{where}.{key}: crossrl builds {key} of {cls.__name__} itself; remove it")
+            elif key not in keywords:
+                hint = suggest(key, keywords)
+                owner = "torch's" if cls.__module__.startswith("torch.") else "TorchRL's"
+                which = f"{trial.algorithm}'s {section}"
+                if section == "collector":  # the class follows the worker count
+                    which = f"the collector at {trial.workers} worker{'s' if trial.workers != 1 else ''}"
+                problems.append(
+                    f"{where}.{key}: {owner} {cls.__name__} ({which}) takes no keyword {key!r}"
+                    + (f"; {hint}" if hint else f"; it takes: {', '.join(keywords)}")
+                )
+    return problems
+
+
 def layout_label(trial: Trial, collector: str, env: str | None = None) -> str:
     """The trial's layout on one line, e.g. ``MultiSync 2 x gym Sync(4)`` or ``Collector SerialEnv(1)`` (the ``layout``
     tag, the report's trial table; as ``crossrl bench sampling --sweep`` names layouts)."""
@@ -434,7 +491,8 @@ def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = No
         ray_kwargs = {
             "frames_per_batch": fpb, "total_frames": total,
             "num_collectors": trial.workers, "sync": sync, "collector_class": Collector,
-            "collector_kwargs": {"auto_register_policy_transforms": False}, "remote_configs": remote,
+            "collector_kwargs": {"auto_register_policy_transforms": False, **native_kwargs(trial, "collector")},
+            "remote_configs": remote,
         }  # fmt: skip
         if random_frames is not None:  # RayCollector hands each collector its share
             ray_kwargs["init_random_frames"] = random_frames
@@ -449,6 +507,7 @@ def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = No
         sync=sync,
         random_frames=random_frames,
         batched=batched_env(trial.layout),
+        native=native_kwargs(trial, "collector"),
     )
 
 
@@ -462,8 +521,10 @@ def local_collector(
     sync: bool = True,
     random_frames: int | None = None,
     batched: str = DEFAULT_TORCHRL_ENV,
+    native: Mapping[str, Any] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """A collector on this machine and a JSON-able description of how it was built.
+    """A collector on this machine and a JSON-able description of how it was built; ``native``: the trial's
+    ``native.torchrl.collector`` keyword arguments, over crossrl's own.
 
     ``Collector`` (one worker, sync: the envs are stepped in this process), else ``MultiSyncCollector``
     (sync, batches stacked) or ``MultiAsyncCollector`` over ``workers`` processes of one torch thread
@@ -481,6 +542,7 @@ def local_collector(
         common["init_random_frames"] = random_frames
     if workers == 1 and sync:
         env = make_torchrl_env(env_spec, envs_per_worker, batched=batched)
+        common |= native or {}
         collector = Collector(env, policy, **common)
         return collector, {"class": "Collector", "kwargs": common}
     cls = MultiSyncCollector if sync else MultiAsyncCollector
@@ -488,6 +550,7 @@ def local_collector(
     multi: dict[str, Any] = {**common, "num_threads": 1, "num_sub_threads": 1}
     if sync:
         multi["cat_results"] = "stack"
+    multi |= native or {}
     collector = cls([env_fn] * workers, policy, init_fn=worker_init, **multi)
     return collector, {"class": cls.__name__, "kwargs": {**multi, "num_workers": workers}}
 
@@ -664,6 +727,37 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
         if net is not None:
             net.eval()
     return greedy_act(learner) if greedy else sample_act(learner)
+
+
+def export_policy(trial: Trial, folder: Path) -> Any:
+    """The checkpoint's greedy policy as a pure torch module (:class:`~crossrl.adapters.exported.GreedyPolicy`) for
+    `crossrl export`, as :func:`greedy_act` acts: the argmax of the policy network's logits (Discrete actions) or of
+    the Q-network's values (DQN); a Gaussian's mean clipped to the env's bounds; SAC's ``tanh(loc)`` (the first half
+    of its actor network's outputs), in [-1, 1]."""
+    from crossrl.adapters.exported import GreedyPolicy
+
+    if trial.env.multi_agent:
+        raise ValueError(f"{trial.name}: export takes single-agent trials; a multi-agent trial's checkpoint holds one "
+                         "policy per group")  # fmt: skip
+    if trial.model.conv:
+        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
+    folder = Path(folder)
+    if (folder / ENGINE_DIR).is_dir():
+        folder = folder / ENGINE_DIR
+    state = read_state(folder)
+    check_algorithm(state, trial.algorithm)
+    learner: Any = build_learner(trial=trial, **state["dims"])
+    learner.load_state_dict(state)
+    if hasattr(learner, "qnet"):
+        return GreedyPolicy(learner.qnet.eval())
+    net = learner.actor_net.eval()
+    dims = state["dims"]
+    if "n_actions" in dims:
+        return GreedyPolicy(net)
+    act_dim = int(math.prod(dims["action_shape"]))
+    if trial.algorithm == "sac":
+        return GreedyPolicy(net, act_dim=act_dim, squash=True)
+    return GreedyPolicy(net, act_dim=act_dim, low=dims["action_low"], high=dims["action_high"])
 
 
 Episodes = Callable[[TensorDictBase], tuple[list[float], list[int], dict[str, float]]]

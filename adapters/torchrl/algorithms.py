@@ -108,6 +108,22 @@ def load_learned_state(loss: nn.Module, state: Mapping[str, torch.Tensor]) -> No
     loss.load_state_dict(dict(state), strict=False)
 
 
+def native_kwargs(trial: Trial, section: str) -> dict[str, Any]:
+    """The trial's engine-native keyword arguments for ``section`` (``native.torchrl.loss``, ``optimizer``,
+    ``collector``): merged over crossrl's own, so they win."""
+    return dict(trial.native.get(section, {}))
+
+
+def adam(params: Any, *, trial: Trial, lr: float) -> torch.optim.Adam:
+    """``torch.optim.Adam`` at ``lr`` with the trial's ``native.torchrl.optimizer`` keyword arguments over it."""
+    return torch.optim.Adam(params, **{"lr": lr, **native_kwargs(trial, "optimizer")})
+
+
+def optimizer_lr(trial: Trial, lr: float) -> float:
+    """The learning rate the trial's optimizers run at: ``native.torchrl.optimizer.lr`` when given, else ``lr``."""
+    return float(native_kwargs(trial, "optimizer").get("lr", lr))
+
+
 def load_optimizer(optim: torch.optim.Optimizer, state: Mapping[str, Any], lr: float) -> None:
     """The optimiser's saved state (Adam's moments and step counts), then the trial's ``lr`` on every param group."""
     optim.load_state_dict(dict(state))
@@ -352,10 +368,13 @@ class OnPolicyLearner:
                 "clip_value": float(trial.hp("vf_clip")),
                 "normalize_advantage": True,
             }
+            self.loss_kwargs |= native_kwargs(trial, "loss")
             self.loss: ClipPPOLoss | A2CLoss = ClipPPOLoss(self.actor, self.critic, **self.loss_kwargs)
         else:
-            self.loss_kwargs = common
+            self.loss_kwargs = {**common, **native_kwargs(trial, "loss")}
             self.loss = A2CLoss(self.actor, self.critic, **self.loss_kwargs)
+        # the raw critic loss is reported as loss_critic / critic_coeff: a native critic_coeff is the one applied
+        self.vf_coeff = float(self.loss_kwargs.get("critic_coeff") or self.vf_coeff)
         gamma = float(trial.hp("gamma"))
         self.estimator: GAE | VTrace
         if self.algo == "impala":
@@ -369,7 +388,7 @@ class OnPolicyLearner:
             self.estimator_kwargs = {"gamma": gamma, "lmbda": float(trial.hp("gae_lambda"))}
             self.estimator = GAE(value_network=self.critic, **self.estimator_kwargs)
         self.params = list(self.loss.parameters())
-        self.optim = torch.optim.Adam(self.params, lr=float(trial.hp("lr")))
+        self.optim = adam(self.params, trial=trial, lr=float(trial.hp("lr")))
         self.grad_clip = float(trial.hp("grad_clip"))
         self.train_batch = int(trial.hp("train_batch"))
         self._pending: list[TensorDictBase] = []
@@ -448,7 +467,7 @@ class OnPolicyLearner:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_algorithm(state, self.algo)
         load_learned_state(self.loss, state["loss"])
-        load_optimizer(self.optim, state["optim"], float(self.trial.hp("lr")))
+        load_optimizer(self.optim, state["optim"], optimizer_lr(self.trial, float(self.trial.hp("lr"))))
         self.grad_steps = int(state["counters"]["grad_steps"])
         self._pending = [_td_from_state(p) for p in state["pending"]]
         self._pending_frames = int(state["counters"]["pending_frames"])
@@ -524,6 +543,7 @@ class DQNLearner:
             "loss_function": "smooth_l1",  # Huber, as Nature DQN and RLlib (TorchRL defaults to l2)
             "delay_value": True,
             "double_dqn": bool(trial.hp("double_q")),
+            **native_kwargs(trial, "loss"),
         }
         self.loss = DQNLoss(self.qvalue, action_space=spec, **self.loss_kwargs)
         self.gamma = float(trial.hp("gamma"))
@@ -541,7 +561,7 @@ class DQNLearner:
             batch_size=self.batch_size,
         )
         self.params = list(self.loss.value_network_params.values(True, True))
-        self.optim = torch.optim.Adam(self.params, lr=float(trial.hp("lr")))
+        self.optim = adam(self.params, trial=trial, lr=float(trial.hp("lr")))
         self.grad_clip = float(trial.hp("grad_clip"))
         self.learning_starts = int(trial.hp("learning_starts"))
         self.target_update = int(trial.hp("target_update"))
@@ -595,7 +615,7 @@ class DQNLearner:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_algorithm(state, self.algo)
         load_learned_state(self.loss, state["loss"])
-        load_optimizer(self.optim, state["optim"], float(self.trial.hp("lr")))
+        load_optimizer(self.optim, state["optim"], optimizer_lr(self.trial, float(self.trial.hp("lr"))))
         # eps_init / eps_end / annealing_num_steps stay the trial's; epsilon itself continues where it was
         self.greedy.eps.copy_(state["epsilon"])
         c = state["counters"]
@@ -771,6 +791,7 @@ class SACLearner:
             "target_entropy": trial.hp("target_entropy"),  # 'auto': -(action dims), from the actor's spec
             "delay_actor": False,
             "delay_qvalue": True,
+            **native_kwargs(trial, "loss"),
         }
         self.loss = SACLoss(self.actor, critics, **self.loss_kwargs)
         self.gamma = float(trial.hp("gamma"))
@@ -778,13 +799,13 @@ class SACLearner:
         self.tau = float(trial.hp("tau"))
         self.target = SoftUpdate(self.loss, tau=self.tau)
         self.optims = {
-            "actor": torch.optim.Adam(
-                list(self.loss.actor_network_params.values(True, True)), lr=float(trial.hp("actor_lr"))
+            "actor": adam(
+                list(self.loss.actor_network_params.values(True, True)), trial=trial, lr=float(trial.hp("actor_lr"))
             ),
-            "critic": torch.optim.Adam(
-                list(self.loss.qvalue_network_params.values(True, True)), lr=float(trial.hp("critic_lr"))
+            "critic": adam(
+                list(self.loss.qvalue_network_params.values(True, True)), trial=trial, lr=float(trial.hp("critic_lr"))
             ),
-            "alpha": torch.optim.Adam([self.loss.log_alpha], lr=float(trial.hp("alpha_lr"))),
+            "alpha": adam([self.loss.log_alpha], trial=trial, lr=float(trial.hp("alpha_lr"))),
         }
         self.batch_size = int(trial.hp("train_batch"))
         self.buffer = ReplayBuffer(
@@ -886,7 +907,7 @@ class SACLearner:
         with torch.no_grad():
             self.loss.log_alpha.copy_(state["log_alpha"])
         for name, optim in self.optims.items():  # each at the trial's own learning rate (<name>_lr)
-            load_optimizer(optim, state["optim"][name], float(self.trial.hp(f"{name}_lr")))
+            load_optimizer(optim, state["optim"][name], optimizer_lr(self.trial, float(self.trial.hp(f"{name}_lr"))))
         c = state["counters"]
         self._sampled, self._owed, self.updates = int(c["sampled"]), float(c["owed"]), int(c["updates"])
 

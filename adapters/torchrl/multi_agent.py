@@ -42,11 +42,14 @@ from crossrl.adapters.base import MetricSink
 from crossrl.adapters.torchrl.algorithms import (
     LEARNER_FILE,
     STATE_FORMAT,
+    adam,
     check_algorithm,
     learned_state,
     load_learned_state,
     load_optimizer,
     loss_step,
+    native_kwargs,
+    optimizer_lr,
     read_state,
     save_state,
 )
@@ -145,7 +148,13 @@ def ma_env_dims(env_spec: EnvSpec) -> dict[str, GroupDims]:
 
 
 def ma_local_collector(
-    env_spec: EnvSpec, *, workers: int, envs_per_worker: int, policy: Any, frames_per_batch: int
+    env_spec: EnvSpec,
+    *,
+    workers: int,
+    envs_per_worker: int,
+    policy: Any,
+    frames_per_batch: int,
+    native: Mapping[str, Any] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """As :func:`crossrl.adapters.torchrl.adapter.local_collector` (sync only) over :func:`make_ma_env`: ``Collector`` for
     one worker (envs stepped in this process), else ``MultiSyncCollector`` over ``workers`` processes."""
@@ -155,10 +164,11 @@ def ma_local_collector(
 
     common = {"frames_per_batch": frames_per_batch, "total_frames": -1, "auto_register_policy_transforms": False}
     if workers == 1:
+        common |= native or {}
         collector = Collector(make_ma_env(env_spec, envs_per_worker), policy, **common)
         return collector, {"class": "Collector", "kwargs": common}
     env_fn = functools.partial(make_ma_env, env_spec, envs_per_worker, worker_process=True)
-    multi: dict[str, Any] = {**common, "num_threads": 1, "num_sub_threads": 1, "cat_results": "stack"}
+    multi: dict[str, Any] = {**common, "num_threads": 1, "num_sub_threads": 1, "cat_results": "stack", **(native or {})}
     collector = MultiSyncCollector([env_fn] * workers, policy, init_fn=worker_init, **multi)
     return collector, {"class": "MultiSyncCollector", "kwargs": {**multi, "num_workers": workers}}
 
@@ -179,13 +189,19 @@ def build_ma_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any
         total = ceil_to(trial.budget.env_steps or UNBOUNDED_FRAMES, fpb) + fpb * trial.workers
         ray_kwargs = {
             "frames_per_batch": fpb, "total_frames": total, "num_collectors": trial.workers, "sync": True,
-            "collector_class": Collector, "collector_kwargs": {"auto_register_policy_transforms": False},
+            "collector_class": Collector,
+            "collector_kwargs": {"auto_register_policy_transforms": False, **native_kwargs(trial, "collector")},
             "remote_configs": remote,
         }  # fmt: skip
         collector = RayCollector([env_fn] * trial.workers, policy, **ray_kwargs)  # type: ignore[arg-type]
         return collector, {"class": "RayCollector", "kwargs": ray_kwargs, "ray_address": trial.ray_address}
     return ma_local_collector(
-        trial.env, workers=trial.workers, envs_per_worker=trial.envs_per_worker, policy=policy, frames_per_batch=fpb
+        trial.env,
+        workers=trial.workers,
+        envs_per_worker=trial.envs_per_worker,
+        policy=policy,
+        frames_per_batch=fpb,
+        native=native_kwargs(trial, "collector"),
     )
 
 
@@ -275,10 +291,13 @@ class GroupLearner:
                 "clip_value": float(trial.hp("vf_clip")),
                 "normalize_advantage": True,
             }
+            self.loss_kwargs |= native_kwargs(trial, "loss")
             self.loss = ClipPPOLoss(self.actor, self.critic, **self.loss_kwargs)
         else:
-            self.loss_kwargs = common
+            self.loss_kwargs = {**common, **native_kwargs(trial, "loss")}
             self.loss = A2CLoss(self.actor, self.critic, **self.loss_kwargs)
+        # the raw critic loss is reported as loss_critic / critic_coeff: a native critic_coeff is the one applied
+        self.vf_coeff = float(self.loss_kwargs.get("critic_coeff") or self.vf_coeff)
         self.keys = {
             "advantage": (pid, ADVANTAGE),
             "value_target": (pid, VALUE_TARGET),
@@ -292,7 +311,7 @@ class GroupLearner:
         self.estimator = GAE(value_network=self.critic, **self.estimator_kwargs)
         self.estimator.set_keys(**self.keys)
         self.params = list(self.loss.parameters())
-        self.optim = torch.optim.Adam(self.params, lr=float(trial.hp("lr")))
+        self.optim = adam(self.params, trial=trial, lr=float(trial.hp("lr")))
         self.grad_clip = float(trial.hp("grad_clip"))
         self.grad_steps = 0
 
@@ -332,7 +351,7 @@ class GroupLearner:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """As :meth:`state_dict` gave it; the loss's coefficients and the learning rate stay the trial's."""
         load_learned_state(self.loss, state["loss"])
-        load_optimizer(self.optim, state["optim"], float(self.trial.hp("lr")))
+        load_optimizer(self.optim, state["optim"], optimizer_lr(self.trial, float(self.trial.hp("lr"))))
         self.grad_steps = int(state["counters"]["grad_steps"])
 
     def param_count(self) -> int:

@@ -32,10 +32,11 @@ class AlgorithmDef:
     def valid_optimizers(self) -> tuple[str, ...]:
         return tuple(VALID_OPTIMIZERS[self.name])
 
-    def hyperparams(self, given: Mapping[str, Any]) -> dict[str, Any]:
+    def hyperparams(self, given: Mapping[str, Any], native: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """crossrl's own settings for the algorithm (``CROSSRL_SETTINGS``) overlaid with ``given`` (the trial's
-        resolved hyperparameters, so a spec's value always wins)."""
-        return {**CROSSRL_SETTINGS[self.name], **given}
+        resolved hyperparameters, so a spec's value always wins), then with ``native`` (the spec's
+        ``native.crossrl.settings``: engine-native settings, outside the equal-settings rule)."""
+        return {**CROSSRL_SETTINGS[self.name], **given, **(native or {})}
 
 
 def load(name: str) -> AlgorithmDef:

@@ -49,15 +49,11 @@ def make_trial(
 def test_the_rl_module_has_crossrls_actor_and_critics() -> None:
     """Actor obs->hidden->2|A|, each critic [obs, action]->hidden->1: as crossrl's SACPolicy."""
     trial = make_trial(hidden=(32, 16))
-    config = R.build_config(trial, plan=R.plan_resources(algorithm="sac", workers=1, available_cpus=2), env_name="x")
+    from engine_models import rllib_config, rllib_module
+
+    config = rllib_config(trial)
+    module = rllib_module(trial, config)
     env = make_env(trial.env)
-    spec = config.rl_module_spec
-    spec.observation_space, spec.action_space, spec.model_config = (
-        env.observation_space,
-        env.action_space,
-        config.model_config,
-    )
-    module = spec.build()
     alg = algorithms.load("sac")
     core = SACPolicy(
         observation_space=env.observation_space,

@@ -31,6 +31,29 @@ PPO_PARAMS = 4610 + 4545
 MULTI_PPO_PARAMS = 4805 + 4545
 
 
+def _spec(tmp_path: Path, name: str, env_id: str) -> Path:
+    """A one-seed PPO spec on a spaces_env env, every engine, one worker x 2 envs, 1,024 env steps."""
+    spec = {
+        "name": name,
+        "env": {"id": f"spaces_env:{env_id}"},
+        "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 512, "minibatch": 256, "epochs": 1}},
+        "engines": ["crossrl", "rllib", "torchrl"],
+        "execution": {"workers": [1], "envs_per_worker": 2},
+        "budget": {"env_steps": 1024},
+        "seeds": [0],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _crossrl(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The CLI in a fresh process that imports tests/support's envs."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "crossrl.cli", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+
+
 def test_every_engine_builds_the_same_model_on_dict_observations() -> None:
     from engine_models import count, crossrl_nets, rllib_module, torchrl_model
 
@@ -51,22 +74,9 @@ def test_every_engine_builds_the_same_model_on_dict_observations() -> None:
 @pytest.mark.integration
 @pytest.mark.long
 def test_dict_observations_run_finished_on_every_engine(tmp_path: Path, results_dir: Path) -> None:
-    spec = {
-        "name": "dict-obs",
-        "env": {"id": "spaces_env:DictCartPole-v0"},
-        "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 512, "minibatch": 256, "epochs": 1}},
-        "engines": ["crossrl", "rllib", "torchrl"],
-        "execution": {"workers": [1], "envs_per_worker": 2},
-        "budget": {"env_steps": 1024},
-        "seeds": [0],
-    }
-    path = tmp_path / "dict-obs.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "crossrl.cli", "run", str(path), "--results-dir", str(results_dir), "--no-report"],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
+    proc = _crossrl(
+        "run", _spec(tmp_path, "dict-obs", "DictCartPole-v0"), "--results-dir", str(results_dir), "--no-report"
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     loaded = ResultsStore(None, results_dir=results_dir).load(scenario="dict-obs")
     assert sorted(loaded.trials.engine) == ["crossrl", "rllib", "torchrl"]
@@ -96,29 +106,12 @@ def test_every_engine_that_takes_multidiscrete_actions_builds_the_same_factored_
 def test_multidiscrete_actions_run_finished_where_taken_and_torchrl_refuses_them_truly(
     tmp_path: Path, results_dir: Path
 ) -> None:
-    spec = {
-        "name": "md-actions",
-        "env": {"id": "spaces_env:MultiDiscreteCartPole-v0"},
-        "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 512, "minibatch": 256, "epochs": 1}},
-        "engines": ["crossrl", "rllib", "torchrl"],
-        "execution": {"workers": [1], "envs_per_worker": 2},
-        "budget": {"env_steps": 1024},
-        "seeds": [0],
-    }
-    path = tmp_path / "md-actions.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SUPPORT), os.environ.get("PYTHONPATH")]))}
-    refused = subprocess.run(
-        [sys.executable, "-m", "crossrl.cli", "validate", str(path)], capture_output=True, text=True, env=env
-    )
+    path = _spec(tmp_path, "md-actions", "MultiDiscreteCartPole-v0")
+    refused = _crossrl("validate", path)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "torchrl runs ppo on single Discrete actions" in refused.stderr, refused.stderr
     assert "run ppo on crossrl or rllib (--engines)" in refused.stderr and "option" not in refused.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "crossrl.cli", "run", str(path), "--results-dir", str(results_dir), "--no-report",
-         "--engines", "crossrl,rllib"],
-        capture_output=True, text=True, timeout=900, env=env,
-    )  # fmt: skip
+    proc = _crossrl("run", path, "--results-dir", str(results_dir), "--no-report", "--engines", "crossrl,rllib")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     loaded = ResultsStore(None, results_dir=results_dir).load(scenario="md-actions")
     assert sorted(loaded.trials.engine) == ["crossrl", "rllib"]

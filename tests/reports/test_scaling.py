@@ -128,3 +128,23 @@ def test_the_models_fit_the_sampling_throughput_too() -> None:
     lo, hi = fits["amdahl"].ci["s"]
     assert lo <= fits["amdahl"].params["s"] <= hi
     assert fits["usl"].holdout is not None and fits["usl"].holdout["workers"] == 32
+
+
+def test_the_report_says_which_batch_scaling_the_trials_ran() -> None:
+    def trials(mode: str, batches: dict[int, int], key: str = "train_batch") -> pd.DataFrame:
+        rows = [
+            {"engine": "crossrl", "workers": w, "scaling": mode, "scaling_batch": f"{key}={b}"}
+            for w, b in batches.items()
+        ]
+        return pd.DataFrame(rows * 2)  # two seeds
+
+    assert SC.batch_note(trials("strong", {1: 4000, 32: 4000})) == (
+        "Batch: strong scaling, the train batch held fixed and split over the workers (train_batch 4,000 at every "
+        "worker count) (`execution.scaling`, docs/fairness.md)."
+    )
+    weak = SC.batch_note(trials("weak", {1: 500, 4: 2000, 32: 16000}))
+    assert "weak scaling, a batch per worker held fixed, so the train batch grows with the workers" in weak
+    assert "(train_batch 500 at 1 worker to 16,000 at 32)" in weak
+    split = SC.batch_note(trials("strong", {1: 8, 32: 1}, key="rollout_fragment"))
+    assert "(rollout_fragment 8 at 1 worker to 1 at 32)" in split
+    assert SC.batch_note(pd.DataFrame({"engine": ["crossrl"], "workers": [1], "scaling": [""]})) == ""  # untagged

@@ -35,10 +35,16 @@ def torchrl_model(trial: Trial) -> list[nn.Module]:
     return [learner.qnet] if trial.algorithm == "dqn" else [learner.actor_net, learner.critic_net]
 
 
-def rllib_module(trial: Trial) -> Any:
-    config = R.build_config(
+def rllib_config(trial: Trial) -> Any:
+    """The AlgorithmConfig crossrl's RLlib adapter builds for ``trial`` (one worker, two CPUs)."""
+    return R.build_config(
         trial, plan=R.plan_resources(algorithm=trial.algorithm, workers=1, available_cpus=2), env_name="x"
     )
+
+
+def rllib_module(trial: Trial, config: Any = None) -> Any:
+    """The RLModule RLlib builds from ``config`` (by default the adapter's for ``trial``) for ``trial``'s env."""
+    config = config if config is not None else rllib_config(trial)
     env = make_env(trial.env)
     spec = config.rl_module_spec
     spec.observation_space, spec.action_space, spec.model_config = (

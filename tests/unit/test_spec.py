@@ -296,3 +296,45 @@ def test_a_bad_layout_names_the_field_and_the_choices() -> None:
     lines = [p for p in problems(raw, "ma.yaml") if "layout" in p]
     assert lines == ["ma.yaml: execution.layout.torchrl.env: 'gym_sync' is for single-agent envs; TorchRL steps a "
                      "multi-agent env (env.agents) in SerialEnv: leave it out"]  # fmt: skip
+
+
+def _scaled(algorithm: str, scaling: str | None, hyperparams: dict | None = None) -> dict[int, dict]:
+    raw = with_("algorithm", {"name": algorithm, "hyperparams": hyperparams or {}})
+    raw["execution"] = {"workers": [1, 4, 32], "envs_per_worker": 2, "scaling": scaling}
+    raw["engines"] = ["crossrl"]
+    spec = validate(raw, label="s")
+    return {t.workers: {**t.hyperparams, "scaling": t.batch_scaling} for t in spec.trials()}
+
+
+def test_each_algorithm_runs_its_own_batch_scaling_when_the_spec_is_silent_and_the_fingerprint_holds() -> None:
+    for algorithm, own in (("ppo", "strong"), ("impala", "strong"), ("a3c", "weak"), ("dqn", "weak")):
+        trials = _scaled(algorithm, None)
+        assert {t["scaling"] for t in trials.values()} == {own}
+        assert trials[1] == trials[4] == trials[32]  # the spec's own hyperparameters at every worker count
+        silent = with_("algorithm", {"name": algorithm})
+        said = yaml.safe_load(yaml.safe_dump(silent))
+        said["execution"]["scaling"] = own
+        other = yaml.safe_load(yaml.safe_dump(silent))
+        other["execution"]["scaling"] = "weak" if own == "strong" else "strong"
+        fp = validate(silent, label="s").fingerprint()
+        assert validate(said, label="s").fingerprint() == fp != validate(other, label="s").fingerprint()
+
+
+def test_weak_scaling_grows_the_synchronous_batch_and_strong_splits_the_per_worker_one() -> None:
+    ppo = _scaled("ppo", "weak", {"train_batch": 500, "minibatch": 100})
+    assert [ppo[w]["train_batch"] for w in (1, 4, 32)] == [500, 2000, 16000]
+    assert {ppo[w]["minibatch"] for w in ppo} == {100}  # minibatches keep their size: more of them
+    impala = _scaled("impala", "weak", {"train_batch": 500})
+    assert [impala[w]["train_batch"] for w in (1, 4, 32)] == [500, 2000, 16000]
+    assert {impala[w]["rollout_fragment"] for w in impala} == {50}
+    a3c = _scaled("a3c", "strong", {"train_batch": 100})
+    assert [a3c[w]["train_batch"] for w in (1, 4, 32)] == [100, 25, 4]  # ceil(100 / 32)
+    dqn = _scaled("dqn", "strong", {"rollout_fragment": 8})
+    assert [dqn[w]["rollout_fragment"] for w in (1, 4, 32)] == [8, 2, 1]  # never below one step per env
+    assert {dqn[w]["train_batch"] for w in dqn} == {32}
+
+
+def test_an_unknown_batch_scaling_is_one_line() -> None:
+    assert problems(with_("execution.scaling", "linear")) == [
+        "x.yaml: execution.scaling: 'linear' is not one of strong, weak"
+    ]
