@@ -24,6 +24,7 @@ ACTION_SPACES: dict[str, tuple[str, ...]] = {
     "dqn": ("Discrete",),
     "apex": ("Discrete",),
     "sac": ("Box (bounded)",),
+    "dreamer": ("Discrete", "Box"),  # RLlib's DreamerV3 actor: one-hot categorical or Gaussian
 }
 OBSERVATIONS = "Box (flat, or images with algorithm.model.conv), or Dict / Tuple of vectors (flattened)"
 
@@ -92,6 +93,9 @@ BUILTIN: dict[str, EngineInfo] = {
             "apex": "async_replay: replay shard actors, per-worker epsilons (or sync_replay)",
             "sac": "sync_replay: twin Q critics, Polyak targets, learned temperature (or async_replay, uniform shards)",
         },
+        unsupported={
+            "dreamer": "crossrl's core has no DreamerV3 yet; run dreamer on rllib (--engines)",
+        },
         multi_agent={
             "ppo": "sync_samples: a policy map in every evaluator, one sample batch per policy (IPPO)",
             "a2c": "sync_samples: a policy map in every evaluator, one sample batch per policy",
@@ -110,6 +114,8 @@ BUILTIN: dict[str, EngineInfo] = {
             "impala": "IMPALA: async env runners, V-trace, learner sized to fit the CPUs",
             "dqn": "DQN: env runners + episode replay buffer",
             "sac": "SAC: env runners + episode replay buffer; critics as MLPs on [obs, action], uniform warm-up",
+            "dreamer": "DreamerV3: RLlib's world model (RSSM), actor and critic of the model_size preset; env runners "
+            "+ episode replay buffer, training_ratio replayed steps per env step",
         },
         unsupported={
             "a2c": "RLlib 2.60 has no A2C (removed from RLlib; rllib_contrib only)",
@@ -139,6 +145,7 @@ BUILTIN: dict[str, EngineInfo] = {
         },
         unsupported={
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
+            "dreamer": "crossrl's TorchRL adapter has no DreamerV3 yet; run dreamer on rllib (--engines)",
         },
         # orchestration/probes.py _torchrl_refusal: its on-policy learners build a categorical or a Gaussian head
         action_spaces={algo: ("Discrete", "Box") for algo in ("ppo", "a2c", "a3c", "impala")},

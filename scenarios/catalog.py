@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Final, Literal, get_args
 
-AlgorithmName = Literal["ppo", "a2c", "a3c", "impala", "dqn", "apex", "sac"]
+AlgorithmName = Literal["ppo", "a2c", "a3c", "impala", "dqn", "apex", "sac", "dreamer"]
 ALGORITHMS: Final[tuple[str, ...]] = get_args(AlgorithmName)
 
 # The built-in engines, in the order reports show them (the adapters' registry describes each).
@@ -34,6 +34,8 @@ DEFAULT_OPTIMIZER: Final = {
     "dqn": "sync_replay",
     "apex": "async_replay",
     "sac": "sync_replay",
+    # DreamerV3 samples and trains synchronously from an episode replay buffer (RLlib's runs no other way)
+    "dreamer": "sync_replay",
 }
 
 VALID_OPTIMIZERS: Final = {
@@ -44,6 +46,7 @@ VALID_OPTIMIZERS: Final = {
     "dqn": ("sync_replay", "async_replay"),
     "apex": ("async_replay", "sync_replay"),
     "sac": ("sync_replay", "async_replay"),
+    "dreamer": ("sync_replay",),
 }
 
 # Hyperparameter defaults per algorithm, filled in where a spec is silent. Names are crossrl's
@@ -97,6 +100,26 @@ _SAC: dict[str, Any] = {
     "rollout_fragment": 1,
 }
 
+# DreamerV3 (Hafner et al. 2023) at RLlib 2.60's DreamerV3Config defaults, which are the paper's (its Table W and
+# eq. 7/11: gamma 0.997, lambda 0.95, entropy scale 3e-4, Adam 1e-4 for the world model and 3e-5 for actor and
+# critic, batches of 16 sequences of 64 steps, imagination horizon 15, training ratio 1024), except the model size:
+# "nano", RLlib's smallest (the paper's smallest is "XS"), the one that trains at a useful rate on two CPU cores.
+_DREAMER: dict[str, Any] = {
+    "model_size": "nano",
+    "training_ratio": 1024.0,
+    "batch_size_B": 16,
+    "batch_length_T": 64,
+    "horizon_H": 15,
+    "gamma": 0.997,
+    "gae_lambda": 0.95,
+    "world_model_lr": 1.0e-4,
+    "actor_lr": 3.0e-5,
+    "critic_lr": 3.0e-5,
+    "entropy_scale": 3.0e-4,
+    "free_bits": 1.0,
+    "buffer_size": 1_000_000,
+}
+
 HYPERPARAM_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
     "ppo": {**_ON_POLICY, "clip": 0.2, "train_batch": 4000, "minibatch": 128, "epochs": 10, "vf_clip": 10.0},
     "a2c": {**_ON_POLICY, "lr": 7.0e-4, "gae_lambda": 1.0, "train_batch": 500, "entropy_coeff": 0.01},
@@ -114,6 +137,7 @@ HYPERPARAM_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
     "dqn": dict(_REPLAY),
     "apex": {**_REPLAY, "n_step": 3, "prioritized_replay": True, "num_replay_shards": 2, "learning_starts": 2_000},
     "sac": dict(_SAC),
+    "dreamer": dict(_DREAMER),
 }
 
 # What crossrl's core needs beyond the shared defaults: settings with no shared name (nothing to map on
@@ -160,6 +184,8 @@ CROSSRL_SETTINGS: Final[dict[str, dict[str, Any]]] = {
         "num_replay_shards": 1,
         "max_replay_lag": 4_096,  # transitions trained (16 updates of 256) behind replay_ratio
     },
+    # DreamerV3: crossrl's core has none yet (the registry refuses it), so nothing of its own
+    "dreamer": {},
 }
 
 # The suite's standard conv models per pixel preprocessing (EnvSpec.resolved_preprocessing), as ModelSpec
@@ -188,6 +214,9 @@ NATURAL_SCALING: Final[dict[str, BatchScaling]] = {
     "dqn": "weak",
     "apex": "weak",
     "sac": "weak",
+    # the training ratio (replayed per sampled env step) and the B x T batch are held whatever the workers (the spec
+    # refuses any other execution.scaling)
+    "dreamer": "weak",
 }
 
 
@@ -207,4 +236,6 @@ def scaled_hyperparams(algorithm: str, hp: dict[str, Any], scaling: BatchScaling
 def batch_per_worker_key(algorithm: str) -> str:
     """The hyperparameter that sizes what scaling holds fixed or splits: ``rollout_fragment`` for the replay
     algorithms, ``train_batch`` for the others."""
+    if algorithm == "dreamer":
+        return "batch_size_B"  # DreamerV3's replay batch, B sequences of batch_length_T, whatever the workers
     return "rollout_fragment" if algorithm in ("dqn", "apex", "sac") else "train_batch"

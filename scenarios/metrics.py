@@ -59,6 +59,7 @@ DIAG_Q_MEAN: Final = "diag.q_mean"  # SAC: mean Q value of the replayed (state, 
 DIAG_ALPHA: Final = "diag.alpha"  # SAC: the entropy temperature
 DIAG_ALPHA_LOSS: Final = "diag.alpha_loss"  # SAC: the temperature's loss
 DIAG_UPDATES: Final = "diag.updates"  # replay algorithms: gradient updates, cumulative
+DIAG_WORLD_MODEL_LOSS: Final = "diag.world_model_loss"  # DreamerV3: the world model's total loss
 
 
 # Multi-agent envs: ``episode_return_mean`` is the team return (the sum of every agent's return per episode);

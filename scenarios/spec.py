@@ -369,6 +369,11 @@ def conv_problem(height: int, width: int, conv: tuple[tuple[int, int, int], ...]
     return None
 
 
+# DreamerV3's model sizes as RLlib 2.60 accepts them (ray.rllib.algorithms.dreamerv3.utils): its debug sizes, then
+# the paper's (Table B).
+DreamerModelSize = Literal["nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL"]
+
+
 class Hyperparams(BaseModel):
     """Shared hyperparameter names; a missing one takes the algorithm's default (scenarios/catalog.py)."""
 
@@ -376,7 +381,7 @@ class Hyperparams(BaseModel):
 
     lr: float | None = Field(default=None, gt=0, description="learning rate")
     gamma: float | None = Field(default=None, ge=0, le=1, description="discount")
-    gae_lambda: float | None = Field(default=None, ge=0, le=1, description="GAE lambda")
+    gae_lambda: float | None = Field(default=None, ge=0, le=1, description="GAE lambda (DreamerV3: its return lambda)")
     clip: float | None = Field(default=None, gt=0, description="PPO ratio clip")
     vf_clip: float | None = Field(default=None, gt=0, description="PPO value clip")
     train_batch: int | None = Field(default=None, ge=1, description="env steps per SGD phase / replay batch")
@@ -401,8 +406,10 @@ class Hyperparams(BaseModel):
     num_replay_shards: int | None = Field(default=None, ge=1)
     vtrace_clip_rho: float | None = Field(default=None, gt=0)
     vtrace_clip_c: float | None = Field(default=None, gt=0)
-    actor_lr: float | None = Field(default=None, gt=0, description="SAC: the policy's learning rate")
-    critic_lr: float | None = Field(default=None, gt=0, description="SAC: the Q networks' learning rate")
+    actor_lr: float | None = Field(default=None, gt=0, description="SAC, DreamerV3: the policy's learning rate")
+    critic_lr: float | None = Field(
+        default=None, gt=0, description="SAC: the Q networks' learning rate; DreamerV3: the critic's"
+    )
     alpha_lr: float | None = Field(default=None, gt=0, description="SAC: the entropy temperature's learning rate")
     tau: float | None = Field(default=None, gt=0, le=1, description="SAC: Polyak step of the target Q networks")
     updates_per_step: float | None = Field(
@@ -412,6 +419,22 @@ class Hyperparams(BaseModel):
         default=None, description="SAC: the policy entropy the temperature is learned toward; 'auto': -(action dims)"
     )
     initial_alpha: float | None = Field(default=None, gt=0, description="SAC: the entropy temperature at the start")
+    model_size: DreamerModelSize | None = Field(
+        default=None,
+        description="DreamerV3: the size preset of every network (the paper's XS..XL, RLlib's smaller nano, micro, "
+        "mini, XXS)",
+    )
+    training_ratio: float | None = Field(
+        default=None, gt=0, description="DreamerV3: replayed env steps (B x T per update) per env step sampled"
+    )
+    batch_size_B: int | None = Field(default=None, ge=1, description="DreamerV3: sequences per replay batch")
+    batch_length_T: int | None = Field(default=None, ge=1, description="DreamerV3: env steps per replayed sequence")
+    horizon_H: int | None = Field(default=None, ge=1, description="DreamerV3: imagined steps per actor-critic rollout")
+    world_model_lr: float | None = Field(default=None, gt=0, description="DreamerV3: the world model's learning rate")
+    entropy_scale: float | None = Field(default=None, ge=0, description="DreamerV3: the actor loss's entropy scale")
+    free_bits: float | None = Field(
+        default=None, ge=0, description="DreamerV3: nats below which the KL (dynamics, representation) losses are clipped"
+    )
 
 
 class AlgorithmSpec(BaseModel):
@@ -1064,6 +1087,11 @@ def cross_field_problems(
             problems.append(
                 f"execution.optimizer: {opt!r} cannot run {algorithm.name}; valid: {', '.join(valid)}"
                 + (f"; {hint}" if hint else "")
+            )
+        if algorithm.name == "dreamer" and execution.scaling not in (None, NATURAL_SCALING["dreamer"]):
+            problems.append(
+                "execution.scaling: dreamer holds its training_ratio (replayed per sampled env step) and its B x T "
+                "batches whatever the workers; only its own 'weak' scaling applies: remove execution.scaling"
             )
     if env is not None and algorithm is not None:
         size = FRAME_SIZES.get(env.resolved_preprocessing)

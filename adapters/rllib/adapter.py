@@ -1,4 +1,4 @@
-"""Ray RLlib 2.60 (new API stack) driven through its AlgorithmConfig: PPO, IMPALA, DQN, SAC.
+"""Ray RLlib 2.60 (new API stack) driven through its AlgorithmConfig: PPO, IMPALA, DQN, SAC, DreamerV3.
 
 Fairness: every shared hyperparameter is mapped by name in :data:`HYPERPARAM_MAP` (crossrl name ->
 RLlib setting), and those RLlib cannot take are explained in :data:`NOT_EQUALIZABLE`; a trial that
@@ -117,6 +117,21 @@ HYPERPARAM_MAP: Final[dict[str, dict[str, str]]] = {
         "initial_alpha": "initial_alpha",
         "rollout_fragment": "rollout_fragment_length",
     },
+    # DreamerV3Config.training() takes these by the same names (RLlib 2.60), the lambda as gae_lambda
+    "dreamer": {
+        "model_size": "model_size",
+        "training_ratio": "training_ratio",
+        "batch_size_B": "batch_size_B",
+        "batch_length_T": "batch_length_T",
+        "horizon_H": "horizon_H",
+        "gamma": "gamma",
+        "gae_lambda": "gae_lambda",
+        "world_model_lr": "world_model_lr",
+        "actor_lr": "actor_lr",
+        "critic_lr": "critic_lr",
+        "entropy_scale": "entropy_scale",
+        "buffer_size": "replay_buffer_config['capacity']",
+    },
 }
 
 # Mapped names whose value RLlib receives transformed (everything else is passed unchanged).
@@ -127,6 +142,12 @@ TRANSFORMED: Final[dict[str, str]] = {
         "not sample when remote runners exist; RLlib then rounds to whole sample/update rounds"
     ),
     "vtrace_clip_rho": "also sets vtrace_clip_pg_rho_threshold (one rho-bar for value and policy targets)",
+    "training_ratio": (
+        "also sets rollout_fragment_length = max(1, round(B x T / training_ratio / envs_per_worker)): RLlib 2.60's "
+        "DreamerV3 makes at least one B x T update per sample call and reads its own trained-steps counter where "
+        "the learner never writes it (measured: one update per env step at any training_ratio <= 1024 with the "
+        "default fragment of 1), so the env steps per sample call set the real ratio"
+    ),
     "updates_per_step": (
         "x train_batch x max(runners,1)/(runners+1) (replayed rows per env step, the DQN conversion); RLlib then "
         "rounds to whole sample/update rounds"
@@ -143,6 +164,9 @@ NOT_EQUALIZABLE: Final[dict[str, dict[str, tuple[float | None, str]]]] = {
     },
     "dqn": {},
     "sac": {},
+    "dreamer": {
+        "free_bits": (1.0, "RLlib's DreamerV3 clamps its KL losses at 1 nat (dreamerv3_torch_learner.py, min=1.0)"),
+    },
 }
 
 # Fixed RLlib settings that make the network and loss match the spec/crossrl (audit: native config).
@@ -152,6 +176,8 @@ _FIXED_TRAINING: Final[dict[str, dict[str, Any]]] = {
     "dqn": {"dueling": False, "num_atoms": 1, "noisy": False, "tau": 1.0},
     # twin critics; a Polyak step after every update; no gradient clipping (crossrl's core and TorchRL clip none)
     "sac": {"twin_q": True, "target_network_update_freq": 0, "grad_clip": None},
+    # the paper's DreamerV3: both actor and critic trained (RLlib refuses any use_curiosity given, even False)
+    "dreamer": {"train_actor": True, "train_critic": True},
 }
 
 
@@ -258,7 +284,21 @@ def training_settings(trial: Trial, *, num_env_runners: int) -> dict[str, Any]:
         out["replay_buffer_config"] = {"type": "EpisodeReplayBuffer", "capacity": hp["buffer_size"]}
         rows_per_step = hp["updates_per_step"] * hp["train_batch"]
         out["training_intensity"] = rows_per_step * max(num_env_runners, 1) / (num_env_runners + 1)
+    if trial.algorithm == "dreamer":
+        out["replay_buffer_config"] = {"type": "EpisodeReplayBuffer", "capacity": hp["buffer_size"]}
+        out["rollout_fragment_length"] = dreamer_fragment(hp, envs_per_worker=trial.envs_per_worker)
     return out
+
+
+def dreamer_fragment(hp: Mapping[str, Any], *, envs_per_worker: int) -> int:
+    """The env steps per env and sample call that make RLlib 2.60's DreamerV3 replay ``training_ratio`` env steps per
+    env step sampled. Its ``training_step`` samples ``rollout_fragment_length x num_envs_per_env_runner`` env steps
+    (across the env runners) and then makes ``ceil(training_ratio x sampled / (B x T))`` updates of B x T steps, at
+    least one (its own check of the lifetime ratio reads a counter its learner never writes, so it never holds
+    sampling back): a call of ``B x T / training_ratio`` env steps gives exactly one update per call. Rounded, at
+    least one env step per env."""
+    replayed = int(hp["batch_size_B"]) * int(hp["batch_length_T"])
+    return max(1, round(replayed / float(hp["training_ratio"]) / max(envs_per_worker, 1)))
 
 
 def env_creator(env_config: Mapping[str, Any]) -> Any:
@@ -431,11 +471,12 @@ def model_config(model: ModelSpec) -> Any:
 def config_classes() -> dict[str, Any]:
     """Algorithm -> the RLlib AlgorithmConfig class crossrl builds for it."""
     from ray.rllib.algorithms.dqn import DQNConfig
+    from ray.rllib.algorithms.dreamerv3 import DreamerV3Config
     from ray.rllib.algorithms.impala import IMPALAConfig
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.algorithms.sac import SACConfig
 
-    return {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig, "sac": SACConfig}
+    return {"ppo": PPOConfig, "impala": IMPALAConfig, "dqn": DQNConfig, "sac": SACConfig, "dreamer": DreamerV3Config}
 
 
 # The AlgorithmConfig methods a spec's ``native.rllib`` may call, each with its keyword arguments. api_stack, framework
@@ -501,6 +542,9 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         if trial.algorithm != "ppo":
             raise ValueError(f"rllib runs multi-agent envs (env.agents) with ppo only, not {trial.algorithm}")
         on_episode_end = episode_callback(policy_layout(trial.env)[0])
+    if trial.algorithm == "dreamer" and trial.model.conv:
+        raise ValueError("rllib runs dreamer on flat observations only yet (DreamerV3's own CNN encoder takes 64x64 "
+                         "frames, not algorithm.model.conv)")  # fmt: skip
     settings = training_settings(trial, num_env_runners=plan.num_env_runners)
     fragment = settings.pop("rollout_fragment_length", "auto")
     if trial.env.multi_agent:
@@ -552,6 +596,11 @@ def build_config(trial: Trial, *, plan: ResourcePlan, env_name: str) -> Any:
         )
         config.algo_class = SACUniformWarmup
         # a point per 1000 env steps at the least, as crossrl's replay optimizers report (RLlib's SAC: 100)
+        config.reporting(min_sample_timesteps_per_iteration=1000)
+    if trial.algorithm == "dreamer":
+        # DreamerV3 builds its own world model, actor and critic from model_size (its catalog reads no fcnet_hiddens);
+        # a point per 1000 env steps at the least, as for the other replay algorithms (RLlib's default: one
+        # training_step, a single env step per env runner and env)
         config.reporting(min_sample_timesteps_per_iteration=1000)
     for method, kwargs in trial.native.items():  # engine-native settings (native.rllib), as written: they win
         getattr(config, method)(**kwargs)
@@ -639,6 +688,8 @@ def result_to_point(result: Mapping[str, Any], *, algorithm: str, epochs: int = 
     }
     if algorithm == "sac":
         values |= sac_values(policy, keep=keep)
+    if algorithm == "dreamer":
+        values |= dreamer_values(policy, updates=result.get("num_grad_updates_lifetime"), keep=keep)
     return {
         "env_steps_sampled": env_steps_sampled(result),
         "env_steps_trained": trained,
@@ -667,6 +718,22 @@ def sac_values(policy: Mapping[str, Any], *, keep: Callable[[Any], float | None]
         M.DIAG_ALPHA_LOSS: finite(policy.get("alpha_loss")),
         M.DIAG_Q_MEAN: keep(policy.get("qf_mean")),
         M.DIAG_UPDATES: rows / batch if rows is not None and batch else None,
+    }
+
+
+def dreamer_values(
+    policy: Mapping[str, Any], *, updates: Any = None, keep: Callable[[Any], float | None] = number
+) -> dict[str, float | None]:
+    """DreamerV3's losses under crossrl's names from RLlib's ``learners/default_policy`` stats: the actor's and the
+    critic's total losses, the actor's action entropy (of the imagined steps), the world model's total loss and its
+    gradient norm, and the gradient updates so far (the algorithm's ``num_grad_updates_lifetime``)."""
+    return {
+        M.POLICY_LOSS: keep(policy.get("ACTOR_L_total")),
+        M.VALUE_LOSS: keep(policy.get("CRITIC_L_total")),
+        M.ENTROPY: keep(policy.get("ACTOR_action_entropy")),
+        M.DIAG_WORLD_MODEL_LOSS: keep(policy.get("WORLD_MODEL_L_total")),
+        M.DIAG_GRAD_NORM: finite(policy.get("WORLD_MODEL_gradients_global_norm")),
+        M.DIAG_UPDATES: finite(updates),
     }
 
 
@@ -706,6 +773,19 @@ def greedy_act(algo: Any, *, sac: bool = False) -> Callable[[Any], Any]:
 
 
 # -- checkpoints ----------------------------------------------------------------------------------
+
+# Algorithms whose checkpoints crossrl does not restore yet, with why (a resumed trial of one is refused before
+# anything trains). DreamerV3 keeps its replay buffer in ``algo.replay_buffer``, not the ``local_replay_buffer``
+# save_engine writes, and its recurrent policy state is the env runner's own: a restore through the generic path is
+# untested against RLlib 2.60, so it is refused rather than resumed on half a state.
+NO_RESUME: Final[dict[str, str]] = {
+    "dreamer": "rllib does not resume dreamer trials yet (DreamerV3's replay buffer and recurrent env runner state "
+    "are not in crossrl's RLlib checkpoints); run it again without --resume",
+}
+NO_POLICY: Final[dict[str, str]] = {
+    "dreamer": "rllib: a dreamer policy acts through its world model's recurrent state (DreamerV3's env runner); "
+    "crossrl evaluate and export do not run it yet",
+}
 
 REPLAY_FILE: Final = "replay_buffer.pkl"
 """DQN's and SAC's replay buffer (``get_state()``), beside RLlib's own files: ``Algorithm.save_to_path`` leaves it
@@ -918,6 +998,8 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
     schedule had reached at the checkpoint's env step; SAC's mean action is ``tanh(mean)``. A Box action goes through RLlib's ``normalize_actions`` /
     ``clip_actions`` as the env runners send it to the env. Multi-agent trials: ValueError.
     """
+    if trial.algorithm in NO_POLICY:
+        raise ValueError(f"{trial.name}: {NO_POLICY[trial.algorithm]}")
     if trial.env.multi_agent:
         raise ValueError(
             f"{trial.name}: load_policy acts for one single-agent observation; an RLlib multi-agent checkpoint holds "
@@ -991,6 +1073,8 @@ def export_policy(trial: Trial, folder: Path) -> Any:
 
     from crossrl.adapters.exported import DictOutput, GreedyPolicy
 
+    if trial.algorithm in NO_POLICY:
+        raise ValueError(f"{trial.name}: {NO_POLICY[trial.algorithm]}")
     if trial.env.multi_agent:
         raise ValueError(f"{trial.name}: export takes single-agent trials; an RLlib multi-agent checkpoint holds one "
                          "RLModule per policy id")  # fmt: skip
@@ -1026,7 +1110,7 @@ def export_policy(trial: Trial, folder: Path) -> Any:
 
 
 class RllibAdapter:
-    """Ray RLlib 2.60, new API stack: PPO, IMPALA, DQN through AlgorithmConfig."""
+    """Ray RLlib 2.60, new API stack: PPO, IMPALA, DQN, SAC, DreamerV3 through AlgorithmConfig."""
 
     engine: ClassVar[str] = ENGINE_ID
 
@@ -1058,6 +1142,8 @@ class RllibAdapter:
             register_env(env_name, vector_env_creator if vector else env_creator)
             config = build_config(trial, plan=plan, env_name=env_name)
             resumed = sink.resumed()
+            if resumed is not None and trial.algorithm in NO_RESUME:
+                raise ValueError(f"{trial.name}: {NO_RESUME[trial.algorithm]}")
             if resumed is not None:  # the runners' envs and sampling from fresh seeds (resume_seed)
                 config.debugging(seed=resume_seed(trial, resumed))
             algo = config.build_algo()

@@ -134,6 +134,20 @@ _NON_DEFAULT = {
         "initial_alpha": 0.3,
         "rollout_fragment": 2,
     },
+    "dreamer": {
+        "model_size": "micro",
+        "training_ratio": 64.0,
+        "batch_size_B": 8,
+        "batch_length_T": 32,
+        "horizon_H": 10,
+        "gamma": 0.99,
+        "gae_lambda": 0.9,
+        "world_model_lr": 2e-4,
+        "actor_lr": 4e-5,
+        "critic_lr": 5e-5,
+        "entropy_scale": 1e-3,
+        "buffer_size": 7000,
+    },
 }
 
 

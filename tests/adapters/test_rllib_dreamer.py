@@ -1,0 +1,100 @@
+"""RLlib's DreamerV3 through the adapter: the shared names reach DreamerV3Config, the fragment that makes RLlib's
+training ratio the spec's, the refusals (resume, evaluate / export, the other engines), a tiny real CartPole run."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crossrl.adapters.base import ListSink
+from crossrl.adapters.registry import BUILTIN, require_supported
+from crossrl.adapters.rllib import adapter as R
+from crossrl.scenarios import metrics as M
+from crossrl.scenarios.loader import SpecError
+from crossrl.scenarios.spec import ScenarioSpec, Trial
+
+# RLlib runs in this process join one kept Ray (tests/conftest.py) instead of starting their own
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+# The smallest DreamerV3 RLlib builds: 4 sequences of 16 steps per update, one update per 16 env steps.
+TINY = {"model_size": "nano", "batch_size_B": 4, "batch_length_T": 16, "training_ratio": 4.0, "horizon_H": 5}
+
+
+def make_trial(*, env_steps: int = 300, engines: tuple[str, ...] = ("rllib",), **hp: Any) -> list[Trial]:
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": "rllib-dreamer-test",
+            "env": {"id": "CartPole-v1"},
+            "algorithm": {"name": "dreamer", "hyperparams": {**TINY, **hp}},
+            "engines": list(engines),
+            "execution": {"workers": [1], "envs_per_worker": 1},
+            "budget": {"env_steps": env_steps},
+            # a point per 100 env steps, not the adapter's 1000, so that a 300-step run reports several
+            "native": {"rllib": {"reporting": {"min_sample_timesteps_per_iteration": 100}}},
+            "seeds": [4],
+        }
+    )
+    return spec.trials()
+
+
+def test_the_config_carries_every_shared_name() -> None:
+    (trial,) = make_trial(gamma=0.99, gae_lambda=0.9, world_model_lr=2e-4, actor_lr=4e-5, critic_lr=5e-5)
+    config = R.build_config(trial, plan=R.plan_resources(algorithm="dreamer", workers=1, available_cpus=2),
+                            env_name="unused")  # fmt: skip
+    assert type(config).__name__ == "DreamerV3Config"
+    for name, path in R.HYPERPARAM_MAP["dreamer"].items():
+        assert R._resolve(config, path) == trial.hp(name), name
+    assert config.replay_buffer_config["type"] == "EpisodeReplayBuffer"
+    # 4 x 16 replayed per update / ratio 4 = 16 env steps per sample call: one update per 16 env steps
+    assert config.rollout_fragment_length == 16 and config.min_sample_timesteps_per_iteration == 100
+    assert not config.use_curiosity and config.train_actor and config.train_critic
+
+
+def test_the_fragment_sets_rllibs_ratio() -> None:
+    hp = {"batch_size_B": 16, "batch_length_T": 64, "training_ratio": 1024.0}
+    assert R.dreamer_fragment(hp, envs_per_worker=1) == 1  # the paper's ratio: one update per env step
+    assert R.dreamer_fragment({**hp, "training_ratio": 64.0}, envs_per_worker=4) == 4  # 16 env steps per call
+    assert R.dreamer_fragment({**hp, "training_ratio": 4096.0}, envs_per_worker=1) == 1  # at least one
+
+
+def test_free_bits_rllib_hard_codes_are_refused_when_changed() -> None:
+    (trial,) = make_trial(free_bits=0.5)
+    with pytest.raises(ValueError, match=r"free_bits=0.5 cannot be set.*1 nat"):
+        R.check_covered(trial)
+
+
+def test_crossrl_and_torchrl_refuse_dreamer_in_one_line() -> None:
+    for engine in ("crossrl", "torchrl"):
+        reason = BUILTIN[engine].reason_unsupported("dreamer")
+        assert reason and "\n" not in reason and "DreamerV3 yet" in reason and "rllib" in reason
+    with pytest.raises(SpecError, match="dreamer"):
+        require_supported(make_trial(engines=("crossrl", "rllib", "torchrl")))
+
+
+def test_evaluate_and_export_refuse_dreamer(tmp_path: Path) -> None:
+    (trial,) = make_trial()
+    with pytest.raises(ValueError, match="recurrent state"):
+        R.load_policy(trial, tmp_path)
+    with pytest.raises(ValueError, match="recurrent state"):
+        R.export_policy(trial, tmp_path)
+
+
+@pytest.mark.long
+def test_a_tiny_cartpole_run_reports_points() -> None:
+    (trial,) = make_trial(env_steps=300)
+    sink = ListSink(trial)
+    t0 = time.perf_counter()
+    R.RllibAdapter().run(trial, sink)
+    took = time.perf_counter() - t0
+    points = [m for m in sink.messages if m["kind"] == "point"]
+    assert points and sink.exhausted, sink.messages[-3:]
+    assert points[-1]["step"] >= 300
+    last = sink.points[-1]
+    for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.DIAG_WORLD_MODEL_LOSS, M.DIAG_UPDATES):
+        assert name in last, sorted(last)
+    assert last[M.DIAG_UPDATES] >= 300 / 16 - 1  # one update per 16 env steps after the 64-step warm-up
+    assert any(sink.points[i].get(M.EPISODE_RETURN_MEAN) for i in range(len(points)))
+    print(f"tiny dreamer run: {took:.1f} s, {len(points)} points, {last[M.DIAG_UPDATES]:.0f} updates")
