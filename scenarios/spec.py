@@ -433,7 +433,9 @@ class Hyperparams(BaseModel):
     world_model_lr: float | None = Field(default=None, gt=0, description="DreamerV3: the world model's learning rate")
     entropy_scale: float | None = Field(default=None, ge=0, description="DreamerV3: the actor loss's entropy scale")
     free_bits: float | None = Field(
-        default=None, ge=0, description="DreamerV3: nats below which the KL (dynamics, representation) losses are clipped"
+        default=None,
+        ge=0,
+        description="DreamerV3: nats below which the KL (dynamics, representation) losses are clipped",
     )
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from crossrl.core import algorithms
 from crossrl.adapters.registry import BUILTIN
+from crossrl.core import algorithms
 from crossrl.scenarios.catalog import ALGORITHMS, CROSSRL_SETTINGS, HYPERPARAM_DEFAULTS, OPTIMIZERS, VALID_OPTIMIZERS
 
 CORE = Path(__file__).resolve().parents[2] / "core"

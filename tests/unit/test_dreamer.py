@@ -1,0 +1,87 @@
+"""dreamer (DreamerV3) in the suite's vocabulary: the spec takes it, its defaults resolve, the engines without it
+refuse it in one line (`crossrl validate` exits 2 naming the trial), and `crossrl engines` shows the cells."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from crossrl.adapters.registry import BUILTIN, unsupported
+from crossrl.cli import app
+from crossrl.scenarios.catalog import (
+    CROSSRL_SETTINGS,
+    DEFAULT_OPTIMIZER,
+    HYPERPARAM_DEFAULTS,
+    NATURAL_SCALING,
+    VALID_OPTIMIZERS,
+    batch_per_worker_key,
+)
+from crossrl.scenarios.loader import load
+from crossrl.scenarios.spec import ScenarioSpec
+
+RAW = {
+    "name": "dreamer-test",
+    "env": {"id": "CartPole-v1"},
+    "algorithm": {"name": "dreamer"},
+    "engines": ["crossrl", "rllib", "torchrl"],
+    "budget": {"env_steps": 1000},
+}
+
+
+def test_the_spec_takes_dreamer_and_its_defaults_resolve() -> None:
+    spec = ScenarioSpec.model_validate(RAW)
+    hp = spec.algorithm.resolved_hyperparams()
+    assert hp == HYPERPARAM_DEFAULTS["dreamer"]
+    assert hp["model_size"] == "nano" and hp["training_ratio"] == 1024 and hp["gamma"] == 0.997
+    assert (hp["batch_size_B"], hp["batch_length_T"], hp["horizon_H"]) == (16, 64, 15)
+    assert DEFAULT_OPTIMIZER["dreamer"] in VALID_OPTIMIZERS["dreamer"] and NATURAL_SCALING["dreamer"] == "weak"
+    assert CROSSRL_SETTINGS["dreamer"] == {}
+    trials = spec.trials()
+    assert {t.engine for t in trials} == {"crossrl", "rllib", "torchrl"}
+    assert batch_per_worker_key("dreamer") in trials[0].hyperparams
+
+
+def test_the_spec_checks_dreamers_values() -> None:
+    with pytest.raises(ValidationError, match="model_size"):
+        ScenarioSpec.model_validate({**RAW, "algorithm": {"name": "dreamer", "hyperparams": {"model_size": "tiny"}}})
+    for size in ("nano", "micro", "mini", "XXS", "XS", "S", "M", "L", "XL"):
+        hp = {"model_size": size, "training_ratio": 64}
+        ScenarioSpec.model_validate({**RAW, "algorithm": {"name": "dreamer", "hyperparams": hp}})
+    with pytest.raises(ValidationError, match=r"execution.scaling: dreamer"):
+        ScenarioSpec.model_validate({**RAW, "execution": {"scaling": "strong"}})
+
+
+def test_crossrl_and_torchrl_refuse_it_in_one_line() -> None:
+    refused = unsupported(ScenarioSpec.model_validate(RAW).trials())
+    assert sorted(t.engine for t, _ in refused) == ["crossrl", "torchrl"]
+    for trial, reason in refused:
+        assert "\n" not in reason and f"{trial.engine}" in reason
+        assert reason.startswith(("crossrl's core has no DreamerV3 yet", "crossrl's TorchRL adapter has no DreamerV3"))
+        assert "run dreamer on rllib (--engines)" in reason
+    assert BUILTIN["rllib"].reason_unsupported("dreamer") is None
+
+
+def test_validate_exits_2_naming_the_refused_trials(tmp_path: Path) -> None:
+    f = tmp_path / "d.yaml"
+    f.write_text(yaml.safe_dump(RAW))
+    out = CliRunner().invoke(app, ["validate", str(f)])
+    assert out.exit_code == 2, out.output
+    lines = [line for line in out.stderr.splitlines() if "DreamerV3" in line]
+    assert len(lines) == 2 and all("dreamer" in line for line in lines), out.stderr
+
+
+def test_engines_shows_the_dreamer_cells() -> None:
+    out = CliRunner().invoke(app, ["engines"], env={"COLUMNS": "400"})
+    assert out.exit_code == 0, out.output
+    [row] = [line for line in out.stdout.splitlines() if line.lstrip("│ ").startswith("dreamer")]
+    assert row.count("no:") == 2 and "yes: DreamerV3" in row
+
+
+def test_the_builtin_scenario_runs_dreamer_on_rllib() -> None:
+    spec, _ = load("cartpole-dreamer")
+    assert spec.algorithm.name == "dreamer" and spec.engines == ("rllib",)
+    assert unsupported(spec.trials()) == []
