@@ -53,7 +53,7 @@ def test_bad_literal_names_field_value_and_choices() -> None:
     [line] = problems(with_("algorithm.name", "ppo2"), "smoke.yaml")
     assert (
         line
-        == "smoke.yaml: algorithm.name: 'ppo2' is not one of ppo, a2c, a3c, impala, dqn, apex, sac; did you mean ppo?"
+        == "smoke.yaml: algorithm.name: 'ppo2' is not one of ppo, a2c, a3c, impala, dqn, apex, sac, dreamer; did you mean ppo?"
     )
 
 
