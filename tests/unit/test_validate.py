@@ -140,7 +140,7 @@ def test_a_trial_run_refuses_makes_validate_exit_2_unless_it_is_skipped(tmp_path
     out = cli("validate", path)
     assert out.exit_code == 2 and "ok" not in out.stdout, out.output
     assert errors(out)[0].endswith("t.yaml: unsupported: rllib-a2c-w1-s0: RLlib 2.60 has no A2C (removed from RLlib; "
-                                   "rllib_contrib only); rllib supports: ppo, impala, dqn, sac")  # fmt: skip
+                                   "rllib_contrib only); rllib supports: ppo, impala, dqn, sac, dreamer")  # fmt: skip
     assert "--skip-unsupported" in errors(out)[-1]
     out = cli("validate", path, "--skip-unsupported")
     assert out.exit_code == 0, out.output
@@ -390,7 +390,7 @@ def test_every_problem_of_a_spec_in_one_pass(tmp_path: Path) -> None:
         (
             "algorithm",
             {"name": "dqm"},
-            "algorithm.name: 'dqm' is not one of ppo, a2c, a3c, impala, dqn, apex, sac; did you mean dqn?",
+            "algorithm.name: 'dqm' is not one of ppo, a2c, a3c, impala, dqn, apex, sac, dreamer; did you mean dqn?",
         ),
         (
             "algorithm",
