@@ -279,7 +279,7 @@ def test_unread_hyperparameters_are_a_warning_naming_them(tmp_path: Path) -> Non
     assert out.exit_code == 0, out.output
     [line] = out.stderr.strip().splitlines()
     assert line.startswith(
-        "warning: t.yaml: algorithm.hyperparams: ppo does not read buffer_size (read by dqn, apex, sac)"
+        "warning: t.yaml: algorithm.hyperparams: ppo does not read buffer_size (read by dqn, apex, sac, dreamer)"
     )
     assert "epsilon_final" in line and "lr" not in line.replace("remove", "")
     # RLlib refuses a trial with a name it does not map: that trial would fail, so it is listed
