@@ -691,9 +691,8 @@ class TorchrlAdapter:
 def greedy_act(learner: Any) -> Callable[[Any], Any]:
     """The learner's final policy, deterministic, for one observation: the argmax of its policy network's logits
     (PPO, A2C, A3C, IMPALA on discrete actions; each dimension's argmax on MultiDiscrete ones) or of its Q-network's
-    values (DQN), without TorchRL's sampling or
-    epsilon-greedy; the Gaussian's mean clipped to the env's bounds (PPO, A2C, A3C, IMPALA on continuous actions);
-    SAC's mean action ``tanh(loc)``."""
+    values (DQN), without TorchRL's sampling or epsilon-greedy; the Gaussian's mean clipped to the env's bounds (PPO,
+    A2C, A3C, IMPALA on continuous actions); SAC's mean action ``tanh(loc)``."""
     if not hasattr(learner, "qnet"):
         return learner.act_fn(deterministic=True)
     net = learner.qnet
