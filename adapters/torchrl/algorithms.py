@@ -1077,7 +1077,9 @@ def build_learner(
         return SACLearner(trial=trial, obs_shape=obs_shape, action_shape=action_shape)
     if nvec is not None:
         if algo == "dqn":
-            raise ValueError(f"torchrl: dqn takes single Discrete actions; {trial.env.id} has MultiDiscrete({list(nvec)})")
+            raise ValueError(
+                f"torchrl: dqn takes single Discrete actions; {trial.env.id} has MultiDiscrete({list(nvec)})"
+            )
         return OnPolicyLearner(trial=trial, obs_shape=tuple(obs_shape), nvec=nvec)
     if algo == "dqn":
         if n_actions is None:
