@@ -745,16 +745,9 @@ def export_policy(trial: Trial, folder: Path) -> Any:
     `crossrl export`, as :func:`greedy_act` acts: the argmax of the policy network's logits (Discrete actions) or of
     the Q-network's values (DQN); a Gaussian's mean clipped to the env's bounds; SAC's ``tanh(loc)`` (the first half
     of its actor network's outputs), in [-1, 1]."""
-    from crossrl.adapters.exported import GreedyPolicy
+    from crossrl.adapters.exported import GreedyPolicy, exportable_folder
 
-    if trial.env.multi_agent:
-        raise ValueError(f"{trial.name}: export takes single-agent trials; a multi-agent trial's checkpoint holds one "
-                         "policy per group")  # fmt: skip
-    if trial.model.conv:
-        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
-    folder = Path(folder)
-    if (folder / ENGINE_DIR).is_dir():
-        folder = folder / ENGINE_DIR
+    folder = exportable_folder(trial, folder, multi_agent="a multi-agent trial's checkpoint holds one policy per group")
     state = read_state(folder)
     check_algorithm(state, trial.algorithm)
     learner: Any = build_learner(trial=trial, **state["dims"])
