@@ -868,26 +868,15 @@ def evaluate(
     mean and 95 % CI per trial (also stored as the trial run's evaluate.* tags)."""
     from rich.table import Table
 
-    from crossrl.adapters.checkpoints import CheckpointMismatch
-    from crossrl.orchestration.evaluate import EVAL_TAGS, EvaluateError, evaluate, newest_checkpoint, trials_to_evaluate
-    from crossrl.reports.store import StoreError
+    from crossrl.orchestration.evaluate import EVAL_TAGS, evaluate
 
     store = _open_store(tracking_uri, results_dir)
     table = Table(title=f"{target}: {episodes} episodes each, {'greedy' if greedy else 'sampled'} actions")
     for col in ("trial", "checkpoint env step", "return mean", "95% CI", "min", "max", "mean length"):
         table.add_column(col)
-    problems = []
-    try:
-        todo = trials_to_evaluate(store, target)
-    except (EvaluateError, StoreError) as e:
-        _fail([str(e)])
-    for trial, run in todo:
-        try:
-            folder, meta = newest_checkpoint(trial, run)
-            result = evaluate(trial, str(run.info.run_id), folder, meta, episodes=episodes, greedy=greedy)
-        except (EvaluateError, CheckpointMismatch, ValueError) as e:
-            problems.append(f"{trial.name}: {e}" if not str(e).startswith(trial.name) else str(e))
-            continue
+
+    def play(trial: Any, run: Any, folder: Path, meta: dict[str, Any]) -> None:
+        result = evaluate(trial, str(run.info.run_id), folder, meta, episodes=episodes, greedy=greedy)
         low, high = result.ci()
         table.add_row(
             trial.name,
@@ -900,10 +889,35 @@ def evaluate(
         )
         values = (f"{result.mean:g}", f"{low:g}", f"{high:g}", str(episodes), "greedy" if greedy else "sample")
         store.set_tags(str(run.info.run_id), dict(zip(EVAL_TAGS, values, strict=True)), what="evaluation")
+
+    problems = _each_newest_checkpoint(store, target, play)
     if table.row_count:
         _console().print(table)
     if problems:
         _fail(problems)
+
+
+def _each_newest_checkpoint(
+    store: Any, target: str, work: Callable[[Any, Any, Path, dict[str, Any]], None], *errors: type[Exception]
+) -> list[str]:
+    """``work(trial, run, folder, meta)`` on the newest checkpoint of each trial ``target`` names (`crossrl evaluate`,
+    `crossrl export`); a target naming nothing fails at once, a trial that cannot be worked on is a line (returned)."""
+    from crossrl.adapters.checkpoints import CheckpointMismatch
+    from crossrl.orchestration.evaluate import EvaluateError, newest_checkpoint, trials_to_evaluate
+    from crossrl.reports.store import StoreError
+
+    try:
+        todo = trials_to_evaluate(store, target)
+    except (EvaluateError, StoreError) as e:
+        _fail([str(e)])
+    problems = []
+    for trial, run in todo:
+        try:
+            folder, meta = newest_checkpoint(trial, run)
+            work(trial, run, folder, meta)
+        except (EvaluateError, CheckpointMismatch, ValueError, *errors) as e:
+            problems.append(f"{trial.name}: {e}" if not str(e).startswith(trial.name) else str(e))
+    return problems
 
 
 @app.command()
@@ -919,30 +933,20 @@ def export(
 ) -> None:
     """Write trained policies from their trials' newest checkpoints as TorchScript files (observations -> greedy
     actions; they load with torch alone: torch.jit.load) with a JSON sidecar of their inputs and outputs."""
-    from crossrl.adapters.checkpoints import CheckpointMismatch
-    from crossrl.orchestration.evaluate import EvaluateError, newest_checkpoint, trials_to_evaluate
     from crossrl.orchestration.export import ExportError, export_policy
-    from crossrl.reports.store import StoreError
 
     store = _open_store(tracking_uri, results_dir)
     folder_out = out if out is not None else results_dir / "export"
-    problems = []
-    try:
-        todo = trials_to_evaluate(store, target)
-    except (EvaluateError, StoreError) as e:
-        _fail([str(e)])
-    for trial, run in todo:
-        try:
-            folder, meta = newest_checkpoint(trial, run)
-            done = export_policy(trial, str(run.info.run_id), folder, meta, folder_out)
-        except (EvaluateError, ExportError, CheckpointMismatch, ValueError, TypeError, NotImplementedError) as e:
-            problems.append(f"{trial.name}: {e}" if not str(e).startswith(trial.name) else str(e))
-            continue
+
+    def write(trial: Any, run: Any, folder: Path, meta: dict[str, Any]) -> None:
+        done = export_policy(trial, str(run.info.run_id), folder, meta, folder_out)
         output = done.info["output"]
         typer.echo(
             f"{trial.name}: {done.path} ({output['dtype']} actions {output['shape']}, checkpoint env step "
             f"{done.info['checkpoint']['env_steps_sampled']:,}); sidecar {done.sidecar}"
         )
+
+    problems = _each_newest_checkpoint(store, target, write, ExportError, TypeError, NotImplementedError)
     if problems:
         _fail(problems)
 
@@ -1762,7 +1766,7 @@ def ui(
     scenario's runs in the classic chart view); Ctrl-C, SIGTERM or SIGHUP stop it."""
     from crossrl.orchestration.procs import run_until_stopped
     from crossrl.reports.store import is_embedded, resolve_tracking_uri
-    from crossrl.reports.ui import server_command
+    from crossrl.reports.ui_server import server_command
 
     embedded = is_embedded(resolve_tracking_uri(tracking_uri, results_dir))
     store = _open_store(tracking_uri, results_dir) if embedded else None

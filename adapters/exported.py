@@ -12,6 +12,8 @@ logits or Q-values, or a Box action from the network's first ``act_dim`` outputs
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -102,3 +104,17 @@ def _vector(values: Sequence[float] | None, n: int, default: float) -> torch.Ten
     if values is None:
         return torch.full((n,), default, dtype=torch.float32)
     return torch.as_tensor([float(v) for v in values], dtype=torch.float32).reshape(n)
+
+
+def exportable_folder(trial: Any, folder: Path, *, multi_agent: str) -> Path:
+    """The checkpoint's engine folder for a trial export takes: single-agent (``multi_agent`` says what the engine's
+    multi-agent checkpoint holds instead), flat observations; ValueError naming the trial otherwise. A checkpoint
+    folder is taken too (its engine folder inside)."""
+    from crossrl.adapters.checkpoints import ENGINE_DIR
+
+    if trial.env.multi_agent:
+        raise ValueError(f"{trial.name}: export takes single-agent trials; {multi_agent}")
+    if trial.model.conv:
+        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
+    folder = Path(folder)
+    return folder / ENGINE_DIR if (folder / ENGINE_DIR).is_dir() else folder

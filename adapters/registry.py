@@ -147,8 +147,6 @@ BUILTIN: dict[str, EngineInfo] = {
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
             "dreamer": "crossrl's TorchRL adapter has no DreamerV3 yet; run dreamer on rllib (--engines)",
         },
-        # orchestration/probes.py _torchrl_refusal: its on-policy learners build a categorical or a Gaussian head
-        action_spaces={algo: ("Discrete", "Box") for algo in ("ppo", "a2c", "a3c", "impala")},
         multi_agent={
             "ppo": "PettingZooWrapper (a group per policy) + MultiAgentMLP(share_params=True); ClipPPOLoss + GAE per "
             "policy (IPPO)",

@@ -127,11 +127,6 @@ def _torchrl_refusal(trial: Any, spaces: Any) -> str | None:
                 f"torchrl's multi-agent adapter runs {trial.algorithm} on discrete actions only, and "
                 f"{trial.env.id}{who} has {act}; run it on crossrl (--engines)"
             )
-        if isinstance(act, gs.MultiDiscrete):
-            return (
-                f"torchrl runs {trial.algorithm} on single Discrete actions (it has no factored MultiDiscrete head "
-                f"here), and {trial.env.id}{who} has {act}; run {trial.algorithm} on crossrl or rllib (--engines)"
-            )
         if isinstance(act, gs.Box) and len(act.shape) != 1:
             # adapters/torchrl/algorithms.py OnPolicyLearner: one Gaussian over a flat action vector
             return (

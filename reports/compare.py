@@ -5,7 +5,9 @@ must share the env id and the target) and, for every engine, puts the algorithms
 training seconds to the target (median over seeds with a 95 % bootstrap CI; a seed that missed counts at the env
 steps, or seconds, it sampled, as in :func:`crossrl.reports.stats.time_to_target`), the final return (IQM, CI), the
 rank test between the two fastest, and one verdict sentence per engine. No algorithm is named first from fewer than
-:data:`crossrl.reports.verdict.MIN_SEEDS` seeds.
+:data:`crossrl.reports.verdict.MIN_SEEDS` seeds, nor unless the rank test against every other algorithm that reached
+the target gives p < 0.05 (3 seeds each cannot: their smallest exact p is 0.10); where no other algorithm's median
+seed reached it, the sentence says the fact, "only X reaches it", not a test.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def _clause(g: pd.DataFrame, column: str, per_seed: str, unit: str, fmt: Any, ta
     if int(g["n_seeds"].min()) < MIN_SEEDS:
         few = ", ".join(f"{r['algorithm']} {int(r['n_seeds'])}" for r in ranked)
         return f"in {unit}, too few seeds to name the fastest (seeds: {few}; {MIN_SEEDS} needed): median {head}"
-    others = []
+    others, supported = [], True
     for r in ranked[1:]:
         if not r["median_reached"]:
             others.append(f"{r['algorithm']} did not reach it ({r['n_reached']}/{r['n_seeds']} seeds; misses counted "
@@ -114,10 +116,19 @@ def _clause(g: pd.DataFrame, column: str, per_seed: str, unit: str, fmt: Any, ta
             continue
         ratio = float(r[column]) / float(best[column]) if float(best[column]) > 0 else math.nan
         p = S.rank_test_p(best[per_seed], r[per_seed])
-        sure = "" if math.isfinite(p) and p < ALPHA else ", not a difference the seeds support"
-        others.append(f"{ratio:.1f}x fewer than {r['algorithm']} {fmt(r[column])} (rank test p = {p:.2f}{sure})")
+        sure = math.isfinite(p) and p < ALPHA
+        supported &= sure
+        faster = "fewer than" if column == "median_steps" else "sooner than"
+        others.append(f"{ratio:.1f}x {faster} {r['algorithm']} {fmt(r[column])} (rank test p = {p:.2f}"
+                      + ("" if sure else ", not a difference the seeds support") + ")")  # fmt: skip
     tail = f", {'; '.join(others)}" if others else ""
-    return f"in {unit}, {head}{tail}"
+    if not any(r["median_reached"] for r in ranked[1:]):  # a fact of the medians, not a claim of the test
+        return f"in {unit}, only {best['algorithm']} reaches it, {head.partition(' ')[2]}{tail}"
+    return (
+        f"in {unit}, {best['algorithm']} first, {head.partition(' ')[2]}{tail}"
+        if supported
+        else f"in {unit}, {head}{tail}"
+    )
 
 
 def verdicts(table: pd.DataFrame, target: float) -> list[str]:

@@ -1071,18 +1071,13 @@ def export_policy(trial: Trial, folder: Path) -> Any:
     from ray.rllib.core import COMPONENT_LEARNER, COMPONENT_LEARNER_GROUP, COMPONENT_RL_MODULE, DEFAULT_MODULE_ID
     from ray.rllib.core.rl_module.rl_module import RLModule
 
-    from crossrl.adapters.exported import DictOutput, GreedyPolicy
+    from crossrl.adapters.exported import DictOutput, GreedyPolicy, exportable_folder
 
     if trial.algorithm in NO_POLICY:
         raise ValueError(f"{trial.name}: {NO_POLICY[trial.algorithm]}")
-    if trial.env.multi_agent:
-        raise ValueError(f"{trial.name}: export takes single-agent trials; an RLlib multi-agent checkpoint holds one "
-                         "RLModule per policy id")  # fmt: skip
-    if trial.model.conv:
-        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
-    folder = Path(folder)
-    if (folder / ENGINE_DIR).is_dir():
-        folder = folder / ENGINE_DIR
+    folder = exportable_folder(
+        trial, folder, multi_agent="an RLlib multi-agent checkpoint holds one RLModule per policy id"
+    )
     module_dir = folder / COMPONENT_LEARNER_GROUP / COMPONENT_LEARNER / COMPONENT_RL_MODULE / DEFAULT_MODULE_ID
     if not module_dir.is_dir():
         raise ValueError(f"{folder} holds no RLlib RLModule at {module_dir.relative_to(folder)} (not an rllib "

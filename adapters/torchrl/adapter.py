@@ -38,6 +38,7 @@ import torchrl
 from tensordict import TensorDictBase
 from torchrl.data import Bounded as BoundedSpec
 from torchrl.data import Categorical as CategoricalSpec
+from torchrl.data import MultiCategorical as MultiCategoricalSpec
 from torchrl.data import Unbounded as UnboundedSpec
 from torchrl.envs import (
     Compose,
@@ -404,14 +405,22 @@ def _float32_transforms(env: EnvBase) -> list[Any]:
 
 def learner_dims(env_spec: EnvSpec) -> dict[str, Any]:
     """What a learner is built for (:func:`~crossrl.adapters.torchrl.algorithms.build_learner`'s keyword arguments),
-    from the spec's env as TorchRL sees it: ``obs_shape`` and either ``n_actions`` (discrete actions) or
-    ``action_shape`` with the bounds ``action_low`` / ``action_high`` (continuous actions; sac's must be [-1, 1]:
-    ``env.actions: unit``, its default)."""
+    from the spec's env as TorchRL sees it: ``obs_shape`` and either ``n_actions`` (discrete actions), ``nvec``
+    (MultiDiscrete actions: the categories per dimension) or ``action_shape`` with the bounds ``action_low`` /
+    ``action_high`` (continuous actions; sac's must be [-1, 1]: ``env.actions: unit``, its default).
+
+    ``GymWrapper`` maps a MultiDiscrete space to a ``MultiCategorical`` spec when its ``nvec`` entries differ and to
+    a ``Categorical`` of shape ``[len(nvec)]`` when they are all equal; either way the env takes an int64 vector of
+    ``len(nvec)`` entries, the action :class:`~crossrl.adapters.torchrl.algorithms.FactoredCategorical` samples."""
     probe = _gym_env(env_spec)
     try:
         obs_shape = tuple(int(n) for n in probe.observation_spec["observation"].shape)
         spec = probe.action_spec
-        if isinstance(spec, CategoricalSpec):
+        if isinstance(spec, MultiCategoricalSpec) and spec.nvec.dim() == 1:
+            return {"obs_shape": obs_shape, "nvec": [int(n) for n in spec.nvec]}
+        if isinstance(spec, CategoricalSpec) and len(spec.shape) == 1:
+            return {"obs_shape": obs_shape, "nvec": [int(spec.space.n)] * int(spec.shape[0])}
+        if isinstance(spec, CategoricalSpec) and not spec.shape:
             return {"obs_shape": obs_shape, "n_actions": int(spec.space.n)}
         if isinstance(spec, BoundedSpec) and spec.dtype.is_floating_point:
             return {"obs_shape": obs_shape, "action_shape": tuple(int(n) for n in spec.shape),
@@ -421,7 +430,7 @@ def learner_dims(env_spec: EnvSpec) -> dict[str, Any]:
             return {"obs_shape": obs_shape, "action_shape": tuple(int(n) for n in spec.shape)}
         raise ValueError(
             f"torchrl: {env_spec.id}'s actions are {type(spec).__name__} of shape {list(spec.shape)}; "
-            "TorchRL's learners take discrete (Discrete) or continuous (Box) actions"
+            "TorchRL's learners take Discrete, one-dimensional MultiDiscrete or continuous (Box) actions"
         )
     finally:
         probe.close()
@@ -430,6 +439,8 @@ def learner_dims(env_spec: EnvSpec) -> dict[str, Any]:
 def env_dims(env_spec: EnvSpec) -> tuple[tuple[int, ...], int]:
     """(observation shape, number of discrete actions) of the spec's env as TorchRL sees it."""
     dims = learner_dims(env_spec)
+    if "nvec" in dims:
+        raise ValueError(f"torchrl: {env_spec.id} has MultiDiscrete actions ({dims['nvec']} categories)")
     if "n_actions" not in dims:
         raise ValueError(f"torchrl: {env_spec.id} has continuous actions of shape {list(dims['action_shape'])}")
     return dims["obs_shape"], dims["n_actions"]
@@ -679,9 +690,9 @@ class TorchrlAdapter:
 
 def greedy_act(learner: Any) -> Callable[[Any], Any]:
     """The learner's final policy, deterministic, for one observation: the argmax of its policy network's logits
-    (PPO, A2C, A3C, IMPALA on discrete actions) or of its Q-network's values (DQN), without TorchRL's sampling or
-    epsilon-greedy; the Gaussian's mean clipped to the env's bounds (PPO, A2C, A3C, IMPALA on continuous actions);
-    SAC's mean action ``tanh(loc)``."""
+    (PPO, A2C, A3C, IMPALA on discrete actions; each dimension's argmax on MultiDiscrete ones) or of its Q-network's
+    values (DQN), without TorchRL's sampling or epsilon-greedy; the Gaussian's mean clipped to the env's bounds (PPO,
+    A2C, A3C, IMPALA on continuous actions); SAC's mean action ``tanh(loc)``."""
     if not hasattr(learner, "qnet"):
         return learner.act_fn(deterministic=True)
     net = learner.qnet
@@ -734,16 +745,9 @@ def export_policy(trial: Trial, folder: Path) -> Any:
     `crossrl export`, as :func:`greedy_act` acts: the argmax of the policy network's logits (Discrete actions) or of
     the Q-network's values (DQN); a Gaussian's mean clipped to the env's bounds; SAC's ``tanh(loc)`` (the first half
     of its actor network's outputs), in [-1, 1]."""
-    from crossrl.adapters.exported import GreedyPolicy
+    from crossrl.adapters.exported import GreedyPolicy, exportable_folder
 
-    if trial.env.multi_agent:
-        raise ValueError(f"{trial.name}: export takes single-agent trials; a multi-agent trial's checkpoint holds one "
-                         "policy per group")  # fmt: skip
-    if trial.model.conv:
-        raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
-    folder = Path(folder)
-    if (folder / ENGINE_DIR).is_dir():
-        folder = folder / ENGINE_DIR
+    folder = exportable_folder(trial, folder, multi_agent="a multi-agent trial's checkpoint holds one policy per group")
     state = read_state(folder)
     check_algorithm(state, trial.algorithm)
     learner: Any = build_learner(trial=trial, **state["dims"])
@@ -752,6 +756,9 @@ def export_policy(trial: Trial, folder: Path) -> Any:
         return GreedyPolicy(learner.qnet.eval())
     net = learner.actor_net.eval()
     dims = state["dims"]
+    if "nvec" in dims:
+        raise ValueError(f"{trial.name}: export takes Discrete or Box actions; {trial.algorithm} here acts on "
+                         f"MultiDiscrete({dims['nvec']})")  # fmt: skip
     if "n_actions" in dims:
         return GreedyPolicy(net)
     act_dim = int(math.prod(dims["action_shape"]))

@@ -21,6 +21,7 @@ from torch import nn
 from torchrl.data import Bounded as BoundedSpec
 from torchrl.data import Categorical as CategoricalSpec
 from torchrl.data import LazyTensorStorage, ReplayBuffer
+from torchrl.data import MultiCategorical as MultiCategoricalSpec
 from torchrl.data import Unbounded as UnboundedSpec
 from torchrl.data.postprocs import MultiStep
 from torchrl.data.replay_buffers import RandomSampler
@@ -223,6 +224,61 @@ def build_actor(*, net: nn.Module, n_actions: int) -> ProbabilisticActor:
     )
 
 
+class FactoredCategorical(torch.distributions.Distribution):
+    """MultiDiscrete actions as crossrl's core and RLlib factor them: one categorical per dimension over its slice of
+    one logits vector of ``sum(nvec)`` entries (``nvec``: the categories per dimension). An action is an integer
+    vector of ``len(nvec)`` entries; its log-probability and the entropy are summed over the dimensions; the
+    deterministic action (``mode``, ``deterministic_sample``) is each dimension's argmax. A ``torch.distributions``
+    distribution, so ``ProbabilisticActor(distribution_class=FactoredCategorical, distribution_kwargs={"nvec": ...})``
+    feeds TorchRL's ClipPPOLoss, A2CLoss and V-trace unchanged."""
+
+    arg_constraints: dict[str, Any] = {}
+    has_rsample = False
+
+    def __init__(self, logits: torch.Tensor, nvec: Sequence[int], validate_args: bool | None = None) -> None:
+        self.nvec = tuple(int(n) for n in nvec)
+        if logits.shape[-1] != sum(self.nvec):
+            raise ValueError(f"FactoredCategorical: {logits.shape[-1]} logits for nvec {list(self.nvec)} "
+                             f"(needs {sum(self.nvec)})")  # fmt: skip
+        self.logits = logits
+        self.parts = [torch.distributions.Categorical(logits=part) for part in logits.split(self.nvec, dim=-1)]
+        super().__init__(logits.shape[:-1], torch.Size([len(self.nvec)]), validate_args=False)
+
+    def sample(self, sample_shape: torch.Size | Sequence[int] = torch.Size()) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.stack([d.sample(torch.Size(sample_shape)) for d in self.parts], dim=-1)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        value = value.long()
+        return torch.stack([d.log_prob(value[..., i]) for i, d in enumerate(self.parts)], dim=-1).sum(-1)
+
+    def entropy(self) -> torch.Tensor:
+        return torch.stack([d.entropy() for d in self.parts], dim=-1).sum(-1)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return torch.stack([part.argmax(-1) for part in self.logits.split(self.nvec, dim=-1)], dim=-1)
+
+    @property
+    def deterministic_sample(self) -> torch.Tensor:
+        return self.mode
+
+
+def build_multi_actor(*, net: nn.Module, nvec: Sequence[int]) -> ProbabilisticActor:
+    """Factored categorical policy over MultiDiscrete(``nvec``) actions (:class:`FactoredCategorical`) whose
+    ``sum(nvec)`` logits come from ``net``: the parameters of crossrl's core's policy head."""
+    module = TensorDictModule(net, in_keys=[OBS_KEY], out_keys=["logits"])
+    return ProbabilisticActor(
+        module,
+        in_keys=["logits"],
+        out_keys=[ACTION_KEY],
+        spec=MultiCategoricalSpec([int(n) for n in nvec]),
+        distribution_class=FactoredCategorical,
+        distribution_kwargs={"nvec": tuple(int(n) for n in nvec)},
+        return_log_prob=True,
+    )
+
+
 def build_gaussian_actor(*, net: nn.Module, act_dim: int) -> ProbabilisticActor:
     """Diagonal Gaussian policy over ``act_dim`` continuous actions, crossrl's core's rule: the mean from ``net``
     (its last layer scaled by 0.01), a state-independent log std per action dimension starting at 0
@@ -323,14 +379,23 @@ class OnPolicyLearner:
         action_shape: Sequence[int] | None = None,
         action_low: Sequence[float] | None = None,
         action_high: Sequence[float] | None = None,
+        nvec: Sequence[int] | None = None,
     ) -> None:
-        """Discrete actions (``n_actions``: a categorical over logits) or continuous ones (``action_shape``, one
-        dimension, with the env's bounds ``action_low`` / ``action_high``: :func:`build_gaussian_actor`)."""
+        """Discrete actions (``n_actions``: a categorical over logits), MultiDiscrete ones (``nvec``: a factored
+        categorical, :func:`build_multi_actor`) or continuous ones (``action_shape``, one dimension, with the env's
+        bounds ``action_low`` / ``action_high``: :func:`build_gaussian_actor`)."""
         self.trial = trial
         self.algo = trial.algorithm
+        self.dims: dict[str, Any]
         self.obs_shape, self.n_actions = tuple(obs_shape), n_actions
-        self.continuous = n_actions is None
-        if self.continuous:
+        self.nvec = None if nvec is None else tuple(int(n) for n in nvec)
+        self.continuous = n_actions is None and self.nvec is None
+        if self.nvec is not None:
+            self.dims = {"obs_shape": list(obs_shape), "nvec": list(self.nvec)}
+            self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=sum(self.nvec), model=trial.model)
+            self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
+            self.actor = build_multi_actor(net=self.actor_net, nvec=self.nvec)
+        elif self.continuous:
             if action_shape is None or len(action_shape) != 1:
                 raise ValueError(
                     f"torchrl: {self.algo} takes discrete actions or a flat vector of continuous ones; "
@@ -340,7 +405,7 @@ class OnPolicyLearner:
             low = [-math.inf] * act_dim if action_low is None else [float(x) for x in action_low]
             high = [math.inf] * act_dim if action_high is None else [float(x) for x in action_high]
             self.action_low, self.action_high = np.asarray(low, np.float32), np.asarray(high, np.float32)
-            self.dims: dict[str, Any] = {"obs_shape": list(obs_shape), "action_shape": [act_dim],
+            self.dims = {"obs_shape": list(obs_shape), "action_shape": [act_dim],
                                          "action_low": low, "action_high": high}  # fmt: skip
             self.actor_net = build_actor_net(obs_shape=obs_shape, n_actions=act_dim, model=trial.model)
             self.critic_net = build_critic_net(obs_shape=obs_shape, model=trial.model)
@@ -426,9 +491,19 @@ class OnPolicyLearner:
 
     def act_fn(self, *, deterministic: bool) -> Callable[[Any], Any]:
         """The policy for ONE observation, as the env is stepped with it: discrete, the argmax of the logits
-        (``deterministic``) or a sample of the categorical; continuous, the mean (``deterministic``) or a sample of
+        (``deterministic``) or a sample of the categorical; MultiDiscrete, each dimension's argmax or a sample of the
+        factored categorical (an int64 array of ``len(nvec)``); continuous, the mean (``deterministic``) or a sample of
         the Gaussian, clipped to the env's bounds (a float32 array)."""
         net = self.actor_net
+        if self.nvec is not None:
+            nvec = self.nvec
+
+            def act_multi(obs: Any) -> np.ndarray:
+                with torch.no_grad():
+                    dist = FactoredCategorical(net(torch.as_tensor(obs)[None])[0], nvec)
+                    return (dist.mode if deterministic else dist.sample()).numpy()
+
+            return act_multi
         if not self.continuous:
 
             def act_discrete(obs: Any) -> int:
@@ -495,6 +570,12 @@ class OnPolicyLearner:
         }  # fmt: skip
 
     def _actor_description(self) -> dict[str, Any]:
+        if self.nvec is not None:
+            return {"class": "ProbabilisticActor",
+                    "distribution": f"FactoredCategorical(logits, nvec={list(self.nvec)}): one Categorical per "
+                                    "dimension over its slice of the logits",
+                    "log_prob": "summed over the dimensions", "entropy": "summed over the dimensions",
+                    "deterministic_action": "each dimension's argmax"}  # fmt: skip
         if not self.continuous:
             return {"class": "ProbabilisticActor", "distribution": "Categorical(logits)",
                     "deterministic_action": "argmax of the logits"}  # fmt: skip
@@ -973,10 +1054,12 @@ def build_learner(
     action_shape: Sequence[int] | None = None,
     action_low: Sequence[float] | None = None,
     action_high: Sequence[float] | None = None,
+    nvec: Sequence[int] | None = None,
 ) -> Learner:
     """The trial's learner, for observations of ``obs_shape`` and either ``n_actions`` discrete actions (PPO, A2C,
-    A3C, IMPALA, DQN) or continuous actions of ``action_shape`` (PPO, A2C, A3C, IMPALA: within ``action_low`` /
-    ``action_high``; SAC: in [-1, 1]). The arguments are what a checkpoint's ``dims`` holds."""
+    A3C, IMPALA, DQN), MultiDiscrete actions of ``nvec`` categories per dimension (PPO, A2C, A3C, IMPALA) or
+    continuous actions of ``action_shape`` (PPO, A2C, A3C, IMPALA: within ``action_low`` / ``action_high``; SAC: in
+    [-1, 1]). The arguments are what a checkpoint's ``dims`` holds."""
     algo = trial.algorithm
     if algo not in ("ppo", "a2c", "a3c", "impala", "dqn", "sac"):
         raise ValueError(f"torchrl: no {algo!r} (see adapters/registry.py for why)")
@@ -992,6 +1075,12 @@ def build_learner(
                 f"{list(action_high or ())}] (set env.actions: unit, sac's default)"
             )
         return SACLearner(trial=trial, obs_shape=obs_shape, action_shape=action_shape)
+    if nvec is not None:
+        if algo == "dqn":
+            raise ValueError(
+                f"torchrl: dqn takes single Discrete actions; {trial.env.id} has MultiDiscrete({list(nvec)})"
+            )
+        return OnPolicyLearner(trial=trial, obs_shape=tuple(obs_shape), nvec=nvec)
     if algo == "dqn":
         if n_actions is None:
             raise ValueError(

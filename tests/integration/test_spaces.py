@@ -6,8 +6,8 @@ runs FINISHED on every engine: every engine steps crossrl's ``make_env``, which 
 into one float32 vector in one order (core/envs.py ``FlatObservations``), so each engine's model reads the same four
 inputs and has the same parameter count (built here by each engine, and counted by hand). The flattening order
 itself is held by tests/core/test_envs.py. A CartPole pushed by two controls at once (``MultiDiscrete([2, 3])``) runs
-FINISHED on crossrl and RLlib (a factored categorical head: one categorical per dimension, log-probabilities
-summed; the same parameter count), and TorchRL refuses it at validate, naming the engines that run it.
+FINISHED on every engine (a factored categorical head: one categorical per dimension over its slice of one logits
+vector, log-probabilities and entropies summed; the same parameter count).
 """
 
 from __future__ import annotations
@@ -86,33 +86,34 @@ def test_dict_observations_run_finished_on_every_engine(tmp_path: Path, results_
         assert hist[hist.metric == M.ENV_STEPS_SAMPLED].value.max() >= 1024
 
 
-def test_every_engine_that_takes_multidiscrete_actions_builds_the_same_factored_head() -> None:
-    from engine_models import count, crossrl_nets, rllib_module
+def test_every_engine_builds_the_same_factored_head_on_multidiscrete_actions() -> None:
+    from engine_models import count, crossrl_nets, rllib_module, torchrl_model
 
     spec = ScenarioSpec.model_validate(
         {"name": "md", "env": {"id": "spaces_env:MultiDiscreteCartPole-v0"}, "algorithm": {"name": "ppo"},
-         "engines": ["crossrl", "rllib"], "budget": {"env_steps": 100}}
+         "budget": {"env_steps": 100}}
     )  # fmt: skip
     by_engine = {t.engine: t for t in spec.trials()}
     _, ours = crossrl_nets(by_engine["crossrl"])
-    assert {"crossrl": count(ours), "rllib": count([rllib_module(by_engine["rllib"])])} == {
-        "crossrl": MULTI_PPO_PARAMS,
-        "rllib": MULTI_PPO_PARAMS,
+    counts = {
+        "crossrl": count(ours),
+        "torchrl": count(torchrl_model(by_engine["torchrl"])),
+        "rllib": count([rllib_module(by_engine["rllib"])]),
     }
+    assert counts == dict.fromkeys(counts, MULTI_PPO_PARAMS)
 
 
 @pytest.mark.integration
 @pytest.mark.long
-def test_multidiscrete_actions_run_finished_where_taken_and_torchrl_refuses_them_truly(
-    tmp_path: Path, results_dir: Path
-) -> None:
+def test_multidiscrete_actions_validate_and_run_finished_on_every_engine(tmp_path: Path, results_dir: Path) -> None:
     path = _spec(tmp_path, "md-actions", "MultiDiscreteCartPole-v0")
-    refused = _crossrl("validate", path)
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "torchrl runs ppo on single Discrete actions" in refused.stderr, refused.stderr
-    assert "run ppo on crossrl or rllib (--engines)" in refused.stderr and "option" not in refused.stderr
-    proc = _crossrl("run", path, "--results-dir", str(results_dir), "--no-report", "--engines", "crossrl,rllib")
+    checked = _crossrl("validate", path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    proc = _crossrl("run", path, "--results-dir", str(results_dir), "--no-report")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     loaded = ResultsStore(None, results_dir=results_dir).load(scenario="md-actions")
-    assert sorted(loaded.trials.engine) == ["crossrl", "rllib"]
-    assert set(loaded.trials.status) == {"FINISHED"}, loaded.trials.reason.tolist()
+    assert sorted(loaded.trials.engine) == ["crossrl", "rllib", "torchrl"]
+    for row in loaded.trials.to_dict("records"):
+        assert row["status"] == "FINISHED", row["reason"]
+        hist = loaded.points[loaded.points.run_id == row["run_id"]]
+        assert hist[hist.metric == M.ENV_STEPS_SAMPLED].value.max() >= 1024

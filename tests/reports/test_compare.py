@@ -79,3 +79,16 @@ def test_the_report_renders_html_markdown_json_and_figure(tmp_path: Path) -> Non
     doc = json.loads(paths.json.read_text())
     assert {(r["engine"], r["algorithm"]) for r in doc["algorithms"]} == {
         ("rllib", "sac"), ("rllib", "ppo"), ("torchrl", "sac"), ("torchrl", "ppo")}  # fmt: skip
+
+
+def test_an_algorithm_is_first_only_where_the_rank_test_supports_it_and_alone_where_only_it_reached() -> None:
+    five = {"sac": [1000.0, 1000.0, 2000.0, 1000.0, 2000.0], "ppo": [5000.0, 6000.0, 5000.0, 7000.0, 6000.0]}
+    (line,) = verdicts(compare_table(*_frames(five), rng=np.random.default_rng(0)), -200.0)
+    assert "in env steps, sac first, 1,000" in line and "in seconds, sac first, 1.0 s" in line
+    assert "sooner than ppo" in line and "not a difference" not in line
+    three = {"sac": [1000.0, 1000.0, 2000.0], "ppo": [5000.0, 6000.0, 5000.0]}  # exact p = 0.10 at best
+    (line,) = verdicts(compare_table(*_frames(three), rng=np.random.default_rng(0)), -200.0)
+    assert "first" not in line and "not a difference the seeds support" in line
+    alone = {"sac": [1000.0, 2000.0, 1000.0], "ppo": [math.nan, math.nan, math.nan]}
+    (line,) = verdicts(compare_table(*_frames(alone), rng=np.random.default_rng(0)), -200.0)
+    assert "in env steps, only sac reaches it, 1,000" in line and "ppo did not reach it (0/3 seeds" in line

@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 
 from crossrl.adapters.rllib import adapter as R
-from crossrl.adapters.torchrl.adapter import env_dims
+from crossrl.adapters.torchrl.adapter import learner_dims
 from crossrl.adapters.torchrl.algorithms import build_learner
 from crossrl.core import algorithms
 from crossrl.core.envs import make_env
@@ -29,9 +29,9 @@ def crossrl_nets(trial: Trial) -> tuple[Any, list[nn.Module]]:
 
 
 def torchrl_model(trial: Trial) -> list[nn.Module]:
-    """TorchRL's networks for ``trial``'s env (discrete actions): the Q-network, or the actor and the critic."""
-    obs_shape, n_actions = env_dims(trial.env)
-    learner: Any = build_learner(trial=trial, obs_shape=obs_shape, n_actions=n_actions)
+    """TorchRL's networks for ``trial``'s env (Discrete or MultiDiscrete actions): the Q-network, or the actor and the
+    critic."""
+    learner: Any = build_learner(trial=trial, **learner_dims(trial.env))
     return [learner.qnet] if trial.algorithm == "dqn" else [learner.actor_net, learner.critic_net]
 
 

@@ -314,11 +314,10 @@ def test_engines_prints_each_cell_as_the_engines_write_it() -> None:
     )
     for word in ("[obs,", "action],"):
         assert word in out, out[:2000]
-    # the spaces each engine runs each algorithm on, as validate holds them: every engine's PPO takes Box actions,
-    # crossrl's and RLlib's MultiDiscrete ones too (validate refuses them on torchrl: tests/integration/test_spaces.py)
+    # the spaces each engine runs each algorithm on, as validate holds them: every engine's PPO takes Discrete,
+    # MultiDiscrete (a factored categorical head: tests/integration/test_spaces.py) and Box actions
     infos = all_engines()
-    assert infos["torchrl"].spaces("ppo").startswith("actions Discrete or Box;")  # no MultiDiscrete head on torchrl
-    assert infos["crossrl"].spaces("ppo").startswith("actions Discrete or MultiDiscrete or Box;")
+    assert all(info.spaces("ppo").startswith("actions Discrete or MultiDiscrete or Box;") for info in infos.values())
     assert infos["rllib"].spaces("sac").startswith("actions Box (bounded);")
     assert all(info.spaces("dqn").startswith("actions Discrete;") for info in infos.values())
     runnable = sum(info.reason_unsupported(a) is None for info in infos.values() for a in ALGORITHMS)
