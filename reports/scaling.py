@@ -393,7 +393,7 @@ def convergence_sentences(table: pd.DataFrame, *, target: float) -> list[str]:
         ]
         limit = doubling_limit(rows)
         parts.append(
-            f"a doubling beyond {limit} workers buys less than {DOUBLING_GAIN:.0%}"
+            f"a doubling beyond {limit} worker{'s' * (limit != 1)} buys less than {DOUBLING_GAIN:.0%}"
             if limit is not None
             else "every measured doubling still buys 10 % or more"
         )

@@ -79,6 +79,8 @@ def test_the_sentence_names_the_speedup_the_doubling_limit_and_the_cheapest_coun
     assert cheapest == 1 and f"cheapest in worker-seconds: {cheapest} (" in line  # sublinear: one worker is cheapest
     linear = SC.convergence_sentences(_table({w: float(w) for w in (1, 2, 4)}), target=450)[0]
     assert "every measured doubling still buys 10 % or more" in linear
+    flat = SC.convergence_sentences(_table({1: 1.0, 2: 1.02, 4: 1.03}), target=450)[0]
+    assert "a doubling beyond 1 worker buys less than 10%" in flat
     missed = SC.convergence_sentences(_table(law, miss={32: 3}), target=450)[0]
     assert "reach the target at most " in missed and "2/5 seeds reached 450" in missed
 
