@@ -1,7 +1,8 @@
 """A trial killed mid-run continues from its checkpoint, on every engine, for PPO and for SAC (whose checkpoints hold its
 replay buffer and temperature): `crossrl run` SIGKILLed once its trial has written two checkpoints, the newer one then damaged, and `crossrl run --resume` passes over the damaged one with one
 line, continues from the one before, ends FINISHED, and the resumed trial's run holds one continuous curve. Then
-`crossrl evaluate` reloads the trial's final policy from its final checkpoint and plays it without training."""
+`crossrl evaluate` reloads the trial's final policy from its final checkpoint and plays it without training, and
+`crossrl export` writes it as a file that acts as the engine does without crossrl (tests/support/export_check.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from export_check import check_exports
 
 from crossrl.adapters import checkpoints
 from crossrl.reports.store import SUPERSEDED_TAG, ResultsStore
@@ -133,3 +135,7 @@ def test_a_killed_trial_resumes_from_its_newest_good_checkpoint(
     low, high = RETURNS[algorithm]
     assert low <= float(tags["evaluate.return_mean"]) <= high
     assert float(tags["evaluate.ci_low"]) <= float(tags["evaluate.return_mean"]) <= float(tags["evaluate.ci_high"])
+
+    # crossrl export: the same final checkpoint as TorchScript, acting as the engine does in a process without crossrl
+    check_exports(results_dir, scenario, engines=[engine], algorithm=algorithm, env_id=ENVS[algorithm],
+                  env_steps=BUDGET, tmp_path=tmp_path)  # fmt: skip

@@ -97,7 +97,7 @@ def _searches(store: ResultsStore, scenario: str) -> dict[str, Any]:
 def test_asha_searches_then_the_best_configuration_and_the_own_setting_run_on_the_test_seeds(
     results_dir: Path, tmp_path: Path
 ) -> None:
-    search_section = {"scheduler": "asha", "configurations": 3, "env_steps": 1000, "asha": {"grace_env_steps": 250}}
+    search_section = {"scheduler": "asha", "configurations": 2, "env_steps": 1000, "asha": {"grace_env_steps": 250}}
     spec = _spec(tmp_path, "tune-asha", ENGINES, search_section)
     stdout = _tune(spec, results_dir)
     assert "on the test seeds 0" in stdout
@@ -110,10 +110,10 @@ def test_asha_searches_then_the_best_configuration_and_the_own_setting_run_on_th
     assert "Sensitivity" in report
     drawn = {}
     for engine, search in _searches(store, "tune-asha").items():
-        assert f"{engine}: asha search, 3 configurations" in stdout
+        assert f"{engine}: asha search, 2 configurations" in stdout
         assert search.data.tags["status"] == "FINISHED" and search.data.tags["search.scheduler"] == "asha"
         configs = store.children(search)
-        assert sorted(r.data.tags["search.config"] for r in configs) == ["0", "1", "2"]
+        assert sorted(r.data.tags["search.config"] for r in configs) == ["0", "1"]
         assert {r.data.tags["status"] for r in configs} == {"FINISHED"}
         assert all(r.data.tags["seed"] == "7" and "env_steps_sampled" in r.data.metrics for r in configs)
         drawn[engine] = sorted(float(r.data.params["hp.lr"]) for r in configs)
@@ -129,7 +129,7 @@ def test_asha_searches_then_the_best_configuration_and_the_own_setting_run_on_th
         assert own[engine].data.tags["seed"] == "0" and own[engine].data.tags["status"] == "FINISHED"
         assert float(own[engine].data.params["hp.lr"]) == pytest.approx(3e-4)  # PPO's default: the spec's own setting
         assert f"| {engine} | " in report and f"lr={best['lr']:.3g}" in report
-    assert drawn["crossrl"] == drawn["rllib"] == drawn["torchrl"] and len(set(drawn["crossrl"])) == 3  # the same draws
+    assert drawn["crossrl"] == drawn["rllib"] == drawn["torchrl"] and len(set(drawn["crossrl"])) == 2  # the same draws
     assert store.parent_runs("tune-asha") == []  # `crossrl report` and `--resume latest` see none of these
 
 
@@ -291,7 +291,8 @@ def test_a_sac_search_tunes_its_learning_rates_and_polyak_step_on_every_engine(
     """pendulum-sac's search space (actor_lr, critic_lr, tau), tiny: each engine's configurations carry the drawn
     values under SAC's own names, in the engine's own config too, and the chosen one is recorded with them. (`--no-test`:
     how a chosen configuration runs on the test seeds is the same for every algorithm, checked by the ASHA search above;
-    its six SAC trials here took 150 s of CI.)"""
+    its six SAC trials here took 150 s of CI. One configuration per engine: choosing among several is the ASHA
+    search's check, the same code for every algorithm; what is SAC's own here is its names reaching each engine.)"""
     spec = {
         "name": "tune-sac",
         "env": {"id": "Pendulum-v1"},
@@ -310,7 +311,7 @@ def test_a_sac_search_tunes_its_learning_rates_and_polyak_step_on_every_engine(
                 "tau": {"choice": [0.005, 0.01, 0.02]},
             },
             "scheduler": "random",
-            "configurations": 2,
+            "configurations": 1,
             "env_steps": 1000,
             "metric": "final_return",
             "tuning_seeds": [7],
@@ -325,7 +326,7 @@ def test_a_sac_search_tunes_its_learning_rates_and_polyak_step_on_every_engine(
     drawn = {}
     for engine, search in _searches(store, "tune-sac").items():
         configs = store.children(search)
-        assert len(configs) == 2 and {r.data.tags["status"] for r in configs} == {"FINISHED"}, engine
+        assert len(configs) == 1 and {r.data.tags["status"] for r in configs} == {"FINISHED"}, engine
         drawn[engine] = sorted(
             (float(r.data.params["hp.actor_lr"]), float(r.data.params["hp.critic_lr"]), float(r.data.params["hp.tau"]))
             for r in configs
@@ -339,4 +340,4 @@ def test_a_sac_search_tunes_its_learning_rates_and_polyak_step_on_every_engine(
         chosen = next(r for r in configs if r.info.run_id == search.data.tags["search.best_run"])
         for name in ("actor_lr", "critic_lr", "tau"):
             assert float(chosen.data.params[f"hp.{name}"]) == pytest.approx(best[name]), (engine, name)
-    assert drawn["crossrl"] == drawn["rllib"] == drawn["torchrl"] and len(set(drawn["crossrl"])) == 2
+    assert drawn["crossrl"] == drawn["rllib"] == drawn["torchrl"]  # the same draw on every engine
