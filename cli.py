@@ -510,7 +510,8 @@ def run(
         str,
         typer.Option(
             "--placement",
-            help="with --parallel: `node` keeps each trial's processes on one node, `spread` lets Ray spread them",
+            help="with --parallel: `node` keeps each trial's processes on one node, `spread` lets Ray spread them "
+            "over the nodes (also at --parallel 1: one trial at a time, its workers on several nodes)",
         ),
     ] = "node",
     max_retries: Annotated[
@@ -533,9 +534,9 @@ def run(
     from crossrl.scenarios import metrics as M
     from crossrl.scenarios.loader import SpecError
 
-    if max_retries is not None and (max_retries < 0 or parallel < 2):
+    if max_retries is not None and (max_retries < 0 or (parallel < 2 and placement != "spread")):
         _fail([f"--max-retries {max_retries}: " + ("it cannot be negative" if max_retries < 0 else "retries are for "
-               "trials fanned out over a Ray cluster; add --parallel 2 or more")])  # fmt: skip
+               "trials fanned out over a Ray cluster; add --parallel 2 or more, or --placement spread")])  # fmt: skip
     overrides = _overrides(engines_, workers, seeds, steps, sets)
     scenario, path = _load(spec, overrides)
     store = None  # opened once a run is sure to start (bad input stores nothing), or at once to resume one

@@ -29,7 +29,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -300,11 +300,33 @@ class RunningTrial:
     watch_dir: str = ""  # the env guard's folder of the trial's processes (crossrl.orchestration.watch)
     lost: tuple[float, str] | None = None  # its host died: since when (monotonic) and what the call raised
     ship_s: float = 0.0  # seconds spent shipping its checkpoints to the launcher (pack + unpack)
+    bundles_on: dict[str, int] = field(default_factory=dict)  # node id -> how many of its group's bundles it holds
 
 
 def bundles(trial: Trial) -> list[dict[str, float]]:
     """The trial's placement group: one CPU for its driver (the host), one per worker."""
     return [{"CPU": 1.0}] + [{"CPU": 1.0} for _ in range(trial.workers)]
+
+
+def bundles_per_node(group: Any) -> dict[str, int]:
+    """Node id -> how many of a (ready) placement group's bundles it holds: where a trial's driver and workers are."""
+    from ray.util import placement_group_table
+
+    with contextlib.suppress(Exception):  # Ray's state API may be unreachable: then nothing is said of it
+        return dict(Counter(placement_group_table(group).get("bundles_to_node_id", {}).values()))
+    return {}
+
+
+def spread_tags(bundles_on: dict[str, int]) -> dict[str, str]:
+    """``placement.nodes`` (how many nodes the trial's group spans) and ``placement.bundles`` (its bundles per node,
+    most first, as ``node-id-prefix:count``); nothing when it is not known."""
+    if not bundles_on:
+        return {}
+    counts = sorted(bundles_on.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {
+        "placement.nodes": str(len(counts)),
+        "placement.bundles": ",".join(f"{node[:8]}:{n}" for node, n in counts),
+    }
 
 
 def check_fits(trials: list[Trial], *, placement: str) -> None:
@@ -438,6 +460,7 @@ class Sweep:
         strategy = PlacementGroupSchedulingStrategy(
             r.group, placement_group_bundle_index=0, placement_group_capture_child_tasks=True
         )
+        r.bundles_on = bundles_per_node(r.group)
         r.watch_dir = os.path.join(tempfile.gettempdir(), f"crossrl-watch-{r.trial.name}-{uuid.uuid4().hex[:8]}")
         env_vars = {**HOST_ENV, WATCH_DIR_ENV: r.watch_dir}
         resume = None
@@ -643,6 +666,7 @@ class Sweep:
             "node.shared_with": ",".join(shared),
             "node.shared": str(bool(shared)).lower(),
             "placement": self.placement,
+            **spread_tags(r.bundles_on),
             "usage.scope": "trial" if r.usage_whole else "driver (Ray's state API unavailable)",
             **({} if r.group_free_cpus is None else {"placement.free_cpus": f"{r.group_free_cpus:g}"}),
         }

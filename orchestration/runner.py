@@ -258,7 +258,8 @@ def run_scenario(
 
     ``parallel`` > 1 fans the trials out over the Ray cluster at ``ray_address`` (a local one on 127.0.0.1
     without it), up to ``parallel`` at once, each in a placement group (``placement``: ``node`` keeps a trial's
-    processes on one node, ``spread`` lets them spread); see ``crossrl.orchestration.fanout``. Raises ``SpecError``
+    processes on one node, ``spread`` lets them spread; ``spread`` fans out at ``parallel`` 1 too, one trial at a
+    time); see ``crossrl.orchestration.fanout``. Raises ``SpecError``
     before anything is stored when a trial cannot fit the cluster. ``kind``: the parent run's ``crossrl.kind``
     (`crossrl tune`'s test-seed runs are "tuned"; ``resume`` then takes up a run of that kind); ``tags`` go on the parent
     run as it starts (`crossrl tune` finds its test-seed runs by them, a run killed part-way included). ``refused``:
@@ -292,7 +293,7 @@ def run_scenario(
             attempts=start.attempts,
             notify=notify,
             fresh=resume is None,
-            fan_out=(parallel, placement) if parallel > 1 else None,
+            fan_out=(parallel, placement) if fans_out(parallel, placement) else None,
             carried=start.carried,
             max_retries=max_retries,
         )
@@ -303,7 +304,7 @@ def run_scenario(
         store.end_journal(wait_s=0.0)  # stopped before the parent run opened; the journal keeps what it holds
         raise
     finally:
-        if parallel > 1:
+        if fans_out(parallel, placement):
             disconnect()  # leaves the cluster (a local one started for the sweep stops)
     _close_journal(store, outcome, journal, wait_s=store_wait_s)
     outcome.parent_id = store.resolve(outcome.parent_id)
@@ -313,6 +314,13 @@ def run_scenario(
         with contextlib.suppress(Exception):
             outcome.experiment_id = store.experiment_id(spec.name, create=False)
     return outcome
+
+
+def fans_out(parallel: int, placement: str) -> bool:
+    """Whether the trials go out over the Ray cluster, each in a placement group: ``--parallel`` 2 or more, or
+    ``--placement spread`` (then one trial at a time too, its processes spread over the nodes: how figures measured on
+    one node are checked across nodes)."""
+    return parallel > 1 or placement == "spread"
 
 
 def plan_trials(
@@ -332,11 +340,11 @@ def plan_trials(
     trials = with_layouts(spec.trials(ray_address=ray_address), layouts)
     if not skip_unsupported:
         require_supported(trials)
-    if parallel > 1:
+    if placement not in ("node", "spread"):  # fanout.PLACEMENTS' keys (fanout imports Ray: only when it is used)
+        raise SpecError([f"--placement must be one of node, spread, got {placement!r}"])
+    if fans_out(parallel, placement):
         from crossrl.orchestration import fanout
 
-        if placement not in fanout.PLACEMENTS:
-            raise SpecError([f"--placement must be one of {', '.join(fanout.PLACEMENTS)}, got {placement!r}"])
         # the trials join the launcher's cluster
         trials = with_layouts(spec.trials(ray_address=fanout.connect_launcher(ray_address)), layouts)
         fanout.check_fits(trials, placement=placement)

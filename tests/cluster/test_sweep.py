@@ -98,6 +98,20 @@ def test_a_trial_bigger_than_any_node_is_refused_before_anything_runs(ray_cluste
     assert "Traceback" not in big.stderr
     if (tmp_path / "big2" / "mlflow.db").exists():  # opened, but nothing stored
         assert ResultsStore(None, results_dir=tmp_path / "big2").experiment_id("smoke", create=False) is None
+    # --placement spread, one trial at a time (--parallel 1): its group of 4 spans both nodes (3 CPUs each), its
+    # workers on both, and it trains
+    spread = subprocess.run(
+        [sys.executable, "-m", "crossrl.cli", "run", "smoke", "--engines", "crossrl", "--workers", "3", "--seeds", "0",
+         "--ray-address", ray_cluster.address, "--placement", "spread", "--results-dir", str(tmp_path / "spread"),
+         "--no-report"],
+        capture_output=True, text=True, env=ray_cluster.env, timeout=600,
+    )  # fmt: skip
+    assert spread.returncode == 0, spread.stdout[-3000:] + spread.stderr[-3000:]
+    [run] = _trials(tmp_path / "spread").values()
+    tags = run.data.tags  # type: ignore[attr-defined]
+    assert tags["status"] == "FINISHED" and tags["placement"] == "spread", tags.get("reason")
+    bundles = [int(part.split(":")[1]) for part in tags["placement.bundles"].split(",")]
+    assert tags["placement.nodes"] == "2" and sorted(bundles) in ([1, 3], [2, 2]), tags
 
 
 # Three trials of 40 s of training each: the two running ones are stopped long before either can end, however

@@ -143,3 +143,26 @@ def test_the_keeper_stores_what_search_trials_ship_and_hands_back_the_planned_on
     name, data = keeper.planned(trial.name) or ("", b"")
     assert name == "ckpt-000000000003" and C.packed_meta(data)["env_steps_sampled"] == 3
     assert keeper.planned(trial.name) is None  # once
+
+
+def test_spread_fans_out_at_parallel_one_and_its_tags_say_where_the_bundles_went() -> None:
+    from crossrl.orchestration.fanout import spread_tags
+    from crossrl.orchestration.runner import fans_out
+
+    assert not fans_out(1, "node") and fans_out(2, "node") and fans_out(1, "spread")
+    assert spread_tags({}) == {}
+    tags = spread_tags({"bbbbbbbbbbbb": 8, "aaaaaaaaaaaa": 9})
+    assert tags == {"placement.nodes": "2", "placement.bundles": "aaaaaaaa:9,bbbbbbbb:8"}
+
+
+def test_an_unknown_placement_is_refused_before_anything_runs() -> None:
+    import pytest
+
+    from crossrl.orchestration.runner import plan_trials
+    from crossrl.scenarios.loader import SpecError
+
+    spec = ScenarioSpec.model_validate(
+        {"name": "t", "env": {"id": "CartPole-v1"}, "algorithm": {"name": "ppo"}, "budget": {"env_steps": 1000}}
+    )
+    with pytest.raises(SpecError, match="--placement must be one of node, spread, got 'spraed'"):
+        plan_trials(spec, ray_address=None, skip_unsupported=False, parallel=1, placement="spraed")
