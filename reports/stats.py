@@ -246,6 +246,7 @@ class ReportStats:
     convergence: pd.DataFrame = field(default_factory=pd.DataFrame)
     convergence_fits: pd.DataFrame = field(default_factory=pd.DataFrame)  # Amdahl and USL, 3+ worker counts
     batch_note: str = ""  # which batch scaling the trials ran (reports.scaling.batch_note); "" where untagged
+    stop_at_target: bool = False  # the counted trials stopped on reaching the target (budget.stop_at_target)
 
 
 def engine_sort_key(engine: str) -> tuple[int, str]:
@@ -326,9 +327,14 @@ def at_common_step(counted: pd.DataFrame, wide: pd.DataFrame, last_step: pd.Seri
     its episodes in the last 10 % of that many env steps, or its last point before it where none ended there).
 
     Returns ``counted`` with ``final_return_mean`` replaced by that value and the columns ``common_step``,
-    ``steps_min``, ``steps_max`` added, for the worker counts whose trials differ; empty when none do."""
+    ``steps_min``, ``steps_max`` added, for the worker counts whose trials differ; empty when none do. Trials that
+    stop on reaching the target (``budget.stop_at_target``) end at different env steps by design: at the env steps
+    the first of them stopped, the others are still learning, so those worker counts are left out (their final
+    returns are compared as they are, and the time to target is their measure)."""
     out = []
     for _, g in counted.groupby("workers", sort=True):
+        if "stop_at_target" in g and g["stop_at_target"].astype(bool).any():
+            continue
         steps = last_step.reindex(g["run_id"]).to_numpy(dtype=float)
         if not np.isfinite(steps).all() or steps.min() >= UNEQUAL_STEPS * steps.max():
             continue
@@ -570,6 +576,7 @@ def compute(
         **_convergence(counted, last_wall, last_step, wide, rng=rng, has_target=bool(len(targets))),
         **_at_common(counted, wide, last_step, rng=rng),
         batch_note=_batch_note(counted),
+        stop_at_target=bool("stop_at_target" in counted and counted["stop_at_target"].astype(bool).any()),
     )
 
 

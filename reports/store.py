@@ -253,6 +253,9 @@ class ResultsStore:
             "target_return": "" if trial.target_return is None else str(trial.target_return),
             "budget_env_steps": "" if trial.budget.env_steps is None else str(trial.budget.env_steps),
             "budget_train_seconds": "" if trial.budget.train_seconds is None else f"{trial.budget.train_seconds:g}",
+            # budget.stop_at_target: its trials end at different env steps by design (the report compares their
+            # final returns as they are, not at the env steps every one reached)
+            "budget.stop_at_target": str(trial.budget.stop_at_target).lower(),
             # execution.scaling as this trial ran it, and the batch it sized (the report says which each figure used)
             "scaling": trial.batch_scaling,
             "scaling.batch": f"{batch_per_worker_key(trial.algorithm)}={trial.hp(batch_per_worker_key(trial.algorithm))}",
@@ -680,6 +683,7 @@ def _trial_row(run: Any) -> dict[str, Any]:
         "reason": tags.get("reason", ""),
         "target_return": _num(tags.get("target_return")),
         "budget_env_steps": _int_or_zero(tags.get("budget_env_steps")),  # 0: a time budget only
+        "stop_at_target": tags.get("budget.stop_at_target") == "true",
         "scaling": tags.get("scaling", ""),  # strong / weak ("" before execution.scaling existed)
         "scaling_batch": tags.get("scaling.batch", ""),  # e.g. train_batch=4000
         # a sweep's trial (`crossrl run --parallel`) that ran beside others on its node: contended speed

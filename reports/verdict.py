@@ -129,7 +129,13 @@ def _final_return(st: S.ReportStats, workers: int) -> str | None:
         )
         line = _final_return_of(st.final_at_common, st.improvement_at_common, workers)
         return None if line is None else f"{line[:-1]}; {said}."
-    return _final_return_of(st.final_return, st.improvement, workers)
+    line = _final_return_of(st.final_return, st.improvement, workers)
+    if line is not None and st.stop_at_target and _fin(st.target_return):
+        line = (
+            f"{line[:-1]}; the trials stopped on reaching the target ({st.target_return:g}), so their final returns "
+            "sit near it by design: the time to the target below is what tells them apart."
+        )
+    return line
 
 
 def _final_return_of(final: pd.DataFrame, improvement: pd.DataFrame, workers: int) -> str | None:

@@ -336,6 +336,32 @@ def test_trials_that_ended_at_different_env_steps_are_compared_at_the_most_every
     assert not any("different env steps" in x for x in verdict(st2))
 
 
+def test_trials_stopped_at_the_target_are_compared_as_they_ended_not_at_the_first_ones_stop() -> None:
+    """budget.stop_at_target: crossrl's seeds reach the target (100) at 10,000 env steps and stop, rllib's at 20,000.
+    At 10,000 env steps rllib's are half-way (return 50): comparing there would call crossrl better, although both
+    ended at the target. The final returns are compared as they are, the verdict says why they sit near the target,
+    and the time to target tells them apart."""
+    from crossrl.reports.verdict import verdict
+
+    rows, curves = [], {}
+    for engine, end in (("crossrl", 10_000), ("rllib", 20_000)):
+        for seed in range(3):
+            rows.append((engine, 1, seed, "FINISHED", 100.0 + seed, math.nan, math.nan))
+            curves[f"r{len(rows) - 1}"] = [
+                (s, s / end * 100 + seed, s / 1000, 100.0) for s in range(1000, end + 1, 1000)
+            ]
+    trials = _trials(rows)
+    trials["budget_env_steps"], trials["target_return"] = 50_000, 100.0
+    stopping = trials.assign(stop_at_target=True)
+    st = S.compute(trials=stopping, points=_points(curves), rng=rng(), grid_points=5)
+    assert st.final_at_common.empty and st.stop_at_target
+    [line] = [x for x in verdict(st) if "inal return" in x]
+    assert "different env steps" not in line and "stopped on reaching the target (100)" in line, line
+    # the same trials without the stop (a time budget, say): compared at the 10,000 env steps every one reached
+    budgeted = S.compute(trials=trials.assign(stop_at_target=False), points=_points(curves), rng=rng(), grid_points=5)
+    assert set(budgeted.final_at_common["common_step"]) == {10_000} and not budgeted.stop_at_target
+
+
 def test_the_equal_time_table_counts_a_trial_whose_last_point_falls_before_the_window() -> None:
     """A trial whose iterations are longer than 10 % of the time has no episode end in the window: its last point
     before the time counts, so every engine that trained that long has a seed in the table."""

@@ -160,6 +160,7 @@ def _finals(finals: dict[str, list[float]]) -> S.ReportStats:
         final_return=S.final_return_table(counted, rng=rng),
         improvement=S.improvement_table(counted, rng=rng),
         final_at_common=pd.DataFrame(),
+        stop_at_target=False,
     )
 
 
