@@ -3,9 +3,11 @@ raylets, each with 3 CPUs and a custom resource naming it), and stopped by proce
 started here.
 
 Run as a script, it starts the cluster, runs a command on it (``{address}`` in the command is replaced by
-the head's address) and stops the cluster::
+the head's address) and stops the cluster; ``--cpus N`` first gives each node N logical CPUs::
 
     .venv/bin/python tests/support/ray_nodes.py .venv/bin/crossrl bench sweep smoke --ray-address {address}
+    .venv/bin/python tests/support/ray_nodes.py --cpus 9 .venv/bin/crossrl run scaling-ppo --workers 8,16 \
+        --ray-address {address} --placement spread
 """
 
 from __future__ import annotations
@@ -110,14 +112,16 @@ main()
 """
 
 
-def _start(args: list[str], log: Path, local: Path, *, join: bool = False) -> subprocess.Popen[bytes]:
+def _start(
+    args: list[str], log: Path, local: Path, *, join: bool = False, cpus: int = NODE_CPUS
+) -> subprocess.Popen[bytes]:
     ray_start = [sys.executable, "-c", JOIN_ON_LOOPBACK] if join else [RAY]
     local.mkdir(parents=True, exist_ok=True)  # the node's own disk, as far as its trials are concerned
     env = {**os.environ, **RAY_ENV, "CROSSRL_NODE_DIR": str(local),
            **({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"} if join else {})}  # fmt: skip
     with open(log, "wb") as out:
         return subprocess.Popen(
-            [*ray_start, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={NODE_CPUS}", "--disable-usage-stats",
+            [*ray_start, "start", "--block", "--node-ip-address=127.0.0.1", f"--num-cpus={cpus}", "--disable-usage-stats",
              *args],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )  # fmt: skip
@@ -164,9 +168,10 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 @contextlib.contextmanager
-def two_nodes(logs: Path) -> Iterator[Cluster]:
-    """A head (resource ``crossrl_test_node_a``) and a second node (``crossrl_test_node_b``), logs in ``logs``; each
-    node's trials keep their own files in a folder of its own there (``CROSSRL_NODE_DIR``)."""
+def two_nodes(logs: Path, *, cpus: int = NODE_CPUS) -> Iterator[Cluster]:
+    """A head (resource ``crossrl_test_node_a``) and a second node (``crossrl_test_node_b``), ``cpus`` logical CPUs
+    each, logs in ``logs``; each node's trials keep their own files in a folder of its own there
+    (``CROSSRL_NODE_DIR``)."""
     local_dirs = {name: logs / f"{name}-local" for name in ("crossrl_test_node_a", "crossrl_test_node_b")}
     [port] = _free_ports(1)
     address = f"127.0.0.1:{port}"
@@ -176,6 +181,7 @@ def two_nodes(logs: Path) -> Iterator[Cluster]:
              '--resources={"crossrl_test_node_a": 1}'],
             logs / "head.log",
             local_dirs["crossrl_test_node_a"],
+            cpus=cpus,
         )
     ]  # fmt: skip
     try:
@@ -191,6 +197,7 @@ def two_nodes(logs: Path) -> Iterator[Cluster]:
                 logs / "node.log",
                 local_dirs["crossrl_test_node_b"],
                 join=True,
+                cpus=cpus,
             )
         )
         while len(nodes) < 2:
@@ -213,8 +220,12 @@ def two_nodes(logs: Path) -> Iterator[Cluster]:
 if __name__ == "__main__":
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="crossrl-ray-nodes-") as logs, two_nodes(Path(logs)) as cluster:
-        command = [arg.replace("{address}", cluster.address) for arg in sys.argv[1:]]
+    args = sys.argv[1:]
+    cpus = NODE_CPUS
+    if args[:1] == ["--cpus"]:  # each node's logical CPUs: Ray places workers by them, not by the machine's cores
+        cpus, args = int(args[1]), args[2:]
+    with tempfile.TemporaryDirectory(prefix="crossrl-ray-nodes-") as logs, two_nodes(Path(logs), cpus=cpus) as cluster:
+        command = [arg.replace("{address}", cluster.address) for arg in args]
         print(f"two-node Ray cluster at {cluster.address}: {' '.join(command)}", flush=True)
         code = subprocess.run(command, env=cluster.env).returncode
     sys.exit(code)
