@@ -165,9 +165,8 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         self._weights_version = 1
         self._worker_version = [0] * len(evaluators.remotes)
         self._in_flight: dict[ray.ObjectRef, int] = {}
-        for i in range(len(evaluators.remotes)):
-            self._launch(i)
-        # started by the first step(): a restored state (set_state) is not trained on before the trial's clock runs
+        # Sampling and the learner start with the first step(): a restored state (set_state) is neither trained on
+        # before the trial's clock runs nor joined by transitions sampled with the weights it replaced.
         self._learner = threading.Thread(target=self._learner_loop, name="apex-learner", daemon=True)
 
     # -- driver: sampling ----------------------------------------------------------------------------
@@ -207,10 +206,11 @@ class AsyncReplayOptimizer(PolicyOptimizer):
         return self.policy.replay_ratio * self._sampled - self._trained - self._skipped
 
     def step(self) -> StepStats:
-        if not self._learner.is_alive() and self._learner.ident is None:
-            self._learner.start()
         stats = StepStats()
         idle: list[int] = []
+        if not self._learner.is_alive() and self._learner.ident is None:
+            self._learner.start()
+            idle = list(range(len(self.evaluators.remotes)))  # the first step launches every evaluator
         while stats.env_steps_sampled < self.steps_per_iteration:
             self._raise_learner_error()
             if idle and not self._learner_behind():
