@@ -65,6 +65,7 @@ from crossrl.scenarios.spec import BEST, DEFAULT_TORCHRL_ENV, TORCHRL_ENVS, EnvS
 ON_POLICY_SYNC = ("ppo", "a2c")
 ASYNC = ("a3c", "impala")
 UNBOUNDED_FRAMES = 10**15  # RayCollector's total_frames for a trial budgeted in time only
+WEIGHT_SYNC_TIMEOUT_S = 300  # RayCollector's weight-sync process group (TorchRL 0.14: 60 s), see below
 
 
 @dataclass(frozen=True)
@@ -338,6 +339,24 @@ ENV_DESCRIPTIONS: dict[str, str] = {
 """What each batched env is, for a trial's native config."""
 
 
+def allow_slow_weight_sync() -> None:
+    """Give RayCollector's weight-sync rendezvous :data:`WEIGHT_SYNC_TIMEOUT_S` instead of TorchRL 0.14's 60 s.
+
+    The learner (rank 0) and each remote collector join a gloo process group through a TCPStore, both with
+    ``torchrl.weight_update._ray._DIST_TIMEOUT`` (60 s), read when they join. On a loaded 2-core host the remote
+    collectors' actors started more than 60 s after the learner, and the trial failed with ``DistStoreError: wait
+    timeout after 60000ms, keys: /weight-sync/...`` (a Tune search's trial, measured on CI). Called in the learner
+    before RayCollector is built and in each collector process as its env is made (before it joins).
+    An env that does not build never gets here: the spec's checks build it before any trial starts
+    (``crossrl.core.envs.env_problems``); one that breaks while stepping fails on the env guard's checks, as before.
+    """
+    from datetime import timedelta
+
+    from torchrl.weight_update import _ray
+
+    _ray._DIST_TIMEOUT = timedelta(seconds=WEIGHT_SYNC_TIMEOUT_S)
+
+
 def make_torchrl_env(
     env_spec: EnvSpec, num_envs: int, *, batched: str = DEFAULT_TORCHRL_ENV, worker_process: bool = False
 ) -> EnvBase:
@@ -351,6 +370,7 @@ def make_torchrl_env(
     """
     if worker_process:
         torch.set_num_threads(1)
+        allow_slow_weight_sync()
     if batched == "SerialEnv":
         base = SerialEnv(num_envs, functools.partial(_gym_env, env_spec), serial_for_single=True, mp_start_method=None)
         return TransformedEnv(base, Compose(StepCounter(), RewardSum()))
@@ -490,6 +510,7 @@ def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = No
 
         from crossrl.core.cluster import available_cpus
 
+        allow_slow_weight_sync()
         cpus = min(1.0, available_cpus() / trial.workers)  # never ask for more than the cluster has
         remote = {"num_cpus": cpus, "num_gpus": 0}
         env_fn = functools.partial(

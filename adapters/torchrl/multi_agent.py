@@ -92,7 +92,10 @@ def make_ma_env(env_spec: EnvSpec, num_envs: int, *, worker_process: bool = Fals
     Module-level (not a closure) so collector worker processes started with spawn can unpickle it.
     """
     if worker_process:
+        from crossrl.adapters.torchrl.adapter import allow_slow_weight_sync
+
         torch.set_num_threads(1)
+        allow_slow_weight_sync()
     base = SerialEnv(
         num_envs, functools.partial(_pettingzoo_env, env_spec), serial_for_single=True, mp_start_method=None
     )
@@ -175,7 +178,7 @@ def ma_local_collector(
 
 def build_ma_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any]]:
     """The trial's collector (``RayCollector`` when it names a Ray cluster) and how it was built."""
-    from crossrl.adapters.torchrl.adapter import UNBOUNDED_FRAMES, ceil_to, frames_per_batch
+    from crossrl.adapters.torchrl.adapter import UNBOUNDED_FRAMES, allow_slow_weight_sync, ceil_to, frames_per_batch
 
     fpb = frames_per_batch(trial)
     if trial.ray_address:
@@ -184,6 +187,7 @@ def build_ma_collector(*, trial: Trial, policy: Any) -> tuple[Any, dict[str, Any
 
         from crossrl.core.cluster import available_cpus
 
+        allow_slow_weight_sync()
         remote = {"num_cpus": min(1.0, available_cpus() / trial.workers), "num_gpus": 0}
         env_fn = functools.partial(make_ma_env, trial.env, trial.envs_per_worker, worker_process=True)
         total = ceil_to(trial.budget.env_steps or UNBOUNDED_FRAMES, fpb) + fpb * trial.workers

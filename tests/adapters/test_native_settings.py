@@ -106,3 +106,47 @@ def test_crossrl_core_takes_its_native_settings() -> None:
                             model=trial.model, seed=0)  # fmt: skip
     env.close()
     assert policy.optimizer.defaults["eps"] == 1.0e-3
+
+
+def test_sac_search_values_reach_every_engines_own_objects() -> None:
+    """pendulum-sac's search space (actor_lr, critic_lr, tau): values drawn inside its bounds, put over a trial's
+    hyperparameters as a search's trainable puts them (``crossrl.orchestration.tuning``), reach each engine's own
+    objects under SAC's names there: RLlib's config, TorchRL's Adams and SoftUpdate, the core's Adams and Polyak
+    step. (A search's drawing and recording is the same for every algorithm: `tests/integration/test_tune.py`.)"""
+    import gymnasium as gym
+
+    from crossrl.adapters.rllib import adapter as R
+    from crossrl.adapters.torchrl.algorithms import build_learner
+    from crossrl.core import algorithms
+    from crossrl.orchestration.tuning import bounds_of
+    from crossrl.scenarios.loader import load
+
+    spec, _ = load("pendulum-sac")
+    assert spec.search is not None
+    bounds = bounds_of(spec.search)
+    names = ("actor_lr", "critic_lr", "tau")
+    assert set(names) <= set(spec.search.space) and 0.01 in (spec.search.space["tau"].choice or [])
+    # a point inside each bound that is no catalog default: 0.37 of the way up each range (tau: 0.01 if a choice)
+    drawn = {n: bounds[n][0] + 0.37 * (bounds[n][1] - bounds[n][0]) if n in bounds else 0.01 for n in names}
+    trials = {t.engine: t.model_copy(update={"hyperparams": {**t.hyperparams, **drawn}}) for t in spec.trials()}
+    assert set(trials) == {"crossrl", "rllib", "torchrl"}
+
+    config = R.build_config(trials["rllib"], plan=R.plan_resources(algorithm="sac", workers=1, available_cpus=2),
+                            env_name="unused")  # fmt: skip
+    assert (config.actor_lr, config.critic_lr, config.tau) == pytest.approx(tuple(drawn.values()))
+
+    learner: Any = build_learner(trial=trials["torchrl"], obs_shape=(3,), action_shape=(1,), action_low=[-1.0],
+                                 action_high=[1.0])  # fmt: skip
+    assert [g["lr"] for g in learner.optims["actor"].param_groups] == pytest.approx([drawn["actor_lr"]])
+    assert [g["lr"] for g in learner.optims["critic"].param_groups] == pytest.approx([drawn["critic_lr"]])
+    assert learner.target.eps == pytest.approx(1 - drawn["tau"])
+
+    trial = trials["crossrl"]
+    alg = algorithms.load("sac")
+    box = gym.spaces.Box(-1.0, 1.0, (1,))  # env.actions: unit, sac's default
+    policy: Any = alg.policy_cls(observation_space=gym.spaces.Box(-8.0, 8.0, (3,)), action_space=box, model=trial.model,
+                                 hyperparams=alg.hyperparams(trial.hyperparams, None), seed=0)  # fmt: skip
+    opts = policy._nets().optimizers()
+    assert opts["actor"].defaults["lr"] == pytest.approx(drawn["actor_lr"])
+    assert opts["critic"].defaults["lr"] == pytest.approx(drawn["critic_lr"])
+    assert policy.tau == pytest.approx(drawn["tau"])
