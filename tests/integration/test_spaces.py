@@ -1,5 +1,5 @@
-"""The observation and action spaces users' envs have, on every engine that takes them (two `crossrl run`s, five
-trials, about a minute and a half).
+"""The observation and action spaces users' envs have, on every engine that takes them (one `crossrl run`, three
+trials, about a minute).
 
 A real CartPole whose observations come as a Dict (``{"pole": Box(2), "cart": Box(2)}``, tests/support/spaces_env.py)
 runs FINISHED on every engine: every engine steps crossrl's ``make_env``, which flattens Dict and Tuple observations
@@ -7,7 +7,8 @@ into one float32 vector in one order (core/envs.py ``FlatObservations``), so eac
 inputs and has the same parameter count (built here by each engine, and counted by hand). The flattening order
 itself is held by tests/core/test_envs.py. A CartPole pushed by two controls at once (``MultiDiscrete([2, 3])``) runs
 FINISHED on every engine (a factored categorical head: one categorical per dimension over its slice of one logits
-vector, log-probabilities and entropies summed; the same parameter count).
+vector, log-probabilities and entropies summed; the same parameter count). One run checks both on every engine: a
+CartPole with Dict observations and the two controls (``DictMultiDiscreteCartPole-v0``).
 """
 
 from __future__ import annotations
@@ -71,21 +72,6 @@ def test_every_engine_builds_the_same_model_on_dict_observations() -> None:
     assert counts == dict.fromkeys(counts, PPO_PARAMS)
 
 
-@pytest.mark.integration
-@pytest.mark.long
-def test_dict_observations_run_finished_on_every_engine(tmp_path: Path, results_dir: Path) -> None:
-    proc = _crossrl(
-        "run", _spec(tmp_path, "dict-obs", "DictCartPole-v0"), "--results-dir", str(results_dir), "--no-report"
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    loaded = ResultsStore(None, results_dir=results_dir).load(scenario="dict-obs")
-    assert sorted(loaded.trials.engine) == ["crossrl", "rllib", "torchrl"]
-    for row in loaded.trials.to_dict("records"):
-        assert row["status"] == "FINISHED", row["reason"]
-        hist = loaded.points[loaded.points.run_id == row["run_id"]]
-        assert hist[hist.metric == M.ENV_STEPS_SAMPLED].value.max() >= 1024
-
-
 def test_every_engine_builds_the_same_factored_head_on_multidiscrete_actions() -> None:
     from engine_models import count, crossrl_nets, rllib_module, torchrl_model
 
@@ -105,13 +91,15 @@ def test_every_engine_builds_the_same_factored_head_on_multidiscrete_actions() -
 
 @pytest.mark.integration
 @pytest.mark.long
-def test_multidiscrete_actions_validate_and_run_finished_on_every_engine(tmp_path: Path, results_dir: Path) -> None:
-    path = _spec(tmp_path, "md-actions", "MultiDiscreteCartPole-v0")
+def test_dict_observations_and_multidiscrete_actions_validate_and_run_finished_on_every_engine(
+    tmp_path: Path, results_dir: Path
+) -> None:
+    path = _spec(tmp_path, "dict-md", "DictMultiDiscreteCartPole-v0")
     checked = _crossrl("validate", path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     proc = _crossrl("run", path, "--results-dir", str(results_dir), "--no-report")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    loaded = ResultsStore(None, results_dir=results_dir).load(scenario="md-actions")
+    loaded = ResultsStore(None, results_dir=results_dir).load(scenario="dict-md")
     assert sorted(loaded.trials.engine) == ["crossrl", "rllib", "torchrl"]
     for row in loaded.trials.to_dict("records"):
         assert row["status"] == "FINISHED", row["reason"]

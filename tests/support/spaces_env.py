@@ -2,8 +2,8 @@
 
 Importing this module registers ``spaces_env:DictCartPole-v0`` (observations ``{"pole": Box(2), "cart": Box(2)}``:
 the pole's angle and angular velocity, the cart's position and velocity; keys given out of order on purpose),
-``spaces_env:TupleCartPole-v0`` (the same two parts as a Tuple) and ``spaces_env:MultiDiscreteCartPole-v0`` (two
-controls at once); gymnasium imports the module itself when an id is written that way, in any process (Ray workers
+``spaces_env:TupleCartPole-v0`` (the same two parts as a Tuple), ``spaces_env:MultiDiscreteCartPole-v0`` (two
+controls at once) and ``spaces_env:DictMultiDiscreteCartPole-v0`` (both: Dict observations, two controls); gymnasium imports the module itself when an id is written that way, in any process (Ray workers
 included) that has tests/support on its PYTHONPATH.
 """
 
@@ -88,3 +88,30 @@ class MultiDiscreteCartPole(CartPoleEnv):
 
 if "MultiDiscreteCartPole-v0" not in gym.registry:
     gym.register(id="MultiDiscreteCartPole-v0", entry_point=MultiDiscreteCartPole, max_episode_steps=500)
+
+
+class DictMultiDiscreteCartPole(MultiDiscreteCartPole):
+    """:class:`MultiDiscreteCartPole`'s two controls with :class:`DictCartPole`'s observations (one run checks both)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.observation_space = spaces.Dict(  # type: ignore[assignment]
+            {"pole": spaces.Box(-_HIGH[2:4], _HIGH[2:4]), "cart": spaces.Box(-_HIGH[0:2], _HIGH[0:2])}
+        )
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # type: ignore[override]
+        obs, info = super().reset(seed=seed, options=options)
+        return self._dict(obs), info
+
+    def step(self, action: Any):  # type: ignore[override]
+        obs, reward, terminated, truncated, info = super().step(action)
+        return self._dict(obs), reward, terminated, truncated, info
+
+    @staticmethod
+    def _dict(obs: np.ndarray) -> dict[str, np.ndarray]:
+        obs = np.asarray(obs, dtype=np.float32)
+        return {"pole": obs[2:4].copy(), "cart": obs[0:2].copy()}
+
+
+if "DictMultiDiscreteCartPole-v0" not in gym.registry:
+    gym.register(id="DictMultiDiscreteCartPole-v0", entry_point=DictMultiDiscreteCartPole, max_episode_steps=500)

@@ -216,7 +216,7 @@ KWARG_NAMES = st.text(string.ascii_lowercase + "_", min_size=1, max_size=12) | s
 KWARG_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 500), st.floats(-10, 10), st.text(max_size=6))
 
 
-@settings(FUZZ, max_examples=40)
+@settings(FUZZ, max_examples=15)
 @given(
     env_id=st.sampled_from(["CartPole-v1", "Pendulum-v1"]),
     kwargs=st.dictionaries(KWARG_NAMES, KWARG_VALUES, max_size=2),
