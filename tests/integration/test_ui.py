@@ -1,4 +1,4 @@
-"""`crossrl ui` serves the embedded store over HTTP on 127.0.0.1."""
+"""`crossrl ui` serves the embedded store over HTTP on 127.0.0.1 (its REST API and its page, opened in Chromium)."""
 
 from __future__ import annotations
 
@@ -20,47 +20,6 @@ from browser import CHROMIUM, DevTools
 from crossrl.reports.store import ResultsStore
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.loader import load
-
-
-@pytest.mark.integration
-def test_ui_serves_the_embedded_store(results_dir: Path) -> None:
-    store = ResultsStore(None, results_dir=results_dir)
-    spec, path = load("smoke")
-    parent = store.start_parent(spec, spec_path=path)
-    exp_id = store.experiment_id("smoke")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "crossrl.cli", "ui", "--port", str(port), "--results-dir", str(results_dir)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        url = f"http://127.0.0.1:{port}"
-        body = None
-        deadline = time.time() + 120
-        while body is None:
-            try:
-                req = urllib.request.Request(
-                    f"{url}/api/2.0/mlflow/runs/search",
-                    data=json.dumps({"experiment_ids": [exp_id]}).encode(),
-                    headers={"Content-Type": "application/json"},
-                )
-                with urllib.request.urlopen(req, timeout=5) as r:
-                    body = json.loads(r.read())
-            except OSError:
-                assert proc.poll() is None and time.time() < deadline, "crossrl ui did not come up"
-                time.sleep(0.5)
-        assert [r["info"]["run_id"] for r in body["runs"]] == [parent]
-        with urllib.request.urlopen(f"{url}/", timeout=5) as r:
-            assert r.status == 200 and b"<html" in r.read().lower()
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        out = proc.communicate(timeout=30)[0].decode()
-    assert f"http://127.0.0.1:{port}/" in out
-
 
 # What the page shows, evaluated in it: the chart cards in document order (each card's title and legend text, its
 # place, how many Plotly line paths it draws and the longest path's data), the section headers, the run names.
@@ -171,6 +130,19 @@ def test_ui_opens_on_the_scenarios_return_curves(results_dir: Path, tmp_path: Pa
                 assert proc.poll() is None and time.monotonic() < deadline, "crossrl ui did not come up"
                 time.sleep(0.3)
         assert VIEW_TAG in store.client.get_experiment(exp_id).tags
+        # the server serves the embedded store: MLflow's REST API lists the stored runs (the parent and its trials)
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/2.0/mlflow/runs/search",
+            data=json.dumps({"experiment_ids": [exp_id]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            listed = {run["info"]["run_id"] for run in json.loads(r.read())["runs"]}
+        assert listed == {parent, *(run.info.run_id for run in store.children(store.client.get_run(parent)))} and len(
+            listed
+        ) == 1 + len(trials)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
+            assert r.status == 200 and b"<html" in r.read().lower()
 
         browser = DevTools(user_data_dir=tmp_path / "chromium-profile", log=tmp_path / "chromium.log")
         target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
