@@ -90,27 +90,9 @@ if "MultiDiscreteCartPole-v0" not in gym.registry:
     gym.register(id="MultiDiscreteCartPole-v0", entry_point=MultiDiscreteCartPole, max_episode_steps=500)
 
 
-class DictMultiDiscreteCartPole(MultiDiscreteCartPole):
-    """:class:`MultiDiscreteCartPole`'s two controls with :class:`DictCartPole`'s observations (one run checks both)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.observation_space = spaces.Dict(  # type: ignore[assignment]
-            {"pole": spaces.Box(-_HIGH[2:4], _HIGH[2:4]), "cart": spaces.Box(-_HIGH[0:2], _HIGH[0:2])}
-        )
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):  # type: ignore[override]
-        obs, info = super().reset(seed=seed, options=options)
-        return self._dict(obs), info
-
-    def step(self, action: Any):  # type: ignore[override]
-        obs, reward, terminated, truncated, info = super().step(action)
-        return self._dict(obs), reward, terminated, truncated, info
-
-    @staticmethod
-    def _dict(obs: np.ndarray) -> dict[str, np.ndarray]:
-        obs = np.asarray(obs, dtype=np.float32)
-        return {"pole": obs[2:4].copy(), "cart": obs[0:2].copy()}
+class DictMultiDiscreteCartPole(DictCartPole, MultiDiscreteCartPole):
+    """:class:`MultiDiscreteCartPole`'s two controls with :class:`DictCartPole`'s observations (one run checks both):
+    the Dict wrapping's step calls the two controls' step, which calls CartPole's."""
 
 
 if "DictMultiDiscreteCartPole-v0" not in gym.registry:
