@@ -213,13 +213,19 @@ class StreamHub:
     def __init__(self, num_remote: int, *, node_ip: str | None = None, node_id: str | None = None) -> None:
         self._authkey = os.urandom(32)
         self._dir = tempfile.mkdtemp(prefix="crossrl-stream-")
-        self._listeners = [Listener(os.path.join(self._dir, "hub"), family="AF_UNIX", authkey=self._authkey)]
+        # Every evaluator connects at once and the accept thread takes one at a time, handshake included: the listen
+        # queue holds the others (multiprocessing's default backlog of 1 dropped their TCP SYNs, each retried after
+        # 1, 2, 4, ... s, and at 16 workers over two nodes some missed CONNECT_TIMEOUT_S: measured).
+        backlog = max(16, num_remote + 1)
+        self._listeners = [
+            Listener(os.path.join(self._dir, "hub"), family="AF_UNIX", backlog=backlog, authkey=self._authkey)
+        ]
         # what an evaluator needs to connect (sent to it in its stream call, over Ray)
         self.address: dict[str, Any] = {
             "unix": self._listeners[0].address, "tcp": None, "node_id": node_id, "authkey": self._authkey,
         }  # fmt: skip
         if node_ip is not None:  # evaluators on other nodes connect here
-            tcp = Listener((node_ip, 0), family="AF_INET", authkey=self._authkey)
+            tcp = Listener((node_ip, 0), family="AF_INET", backlog=backlog, authkey=self._authkey)
             self._listeners.append(tcp)
             self.address["tcp"] = tcp.address
         self._arrivals: queue.Queue[tuple[tuple[int, int, int], Connection]] = queue.Queue()

@@ -208,3 +208,34 @@ def test_an_outbox_to_an_evaluator_that_is_gone_raises_instead_of_blocking() -> 
             outbox.send(tx.Grant(4, weights=bytes(1 << 20)))
             time.sleep(0.2)
     outbox.close()
+
+
+def test_the_hub_queues_every_evaluators_connection_while_it_accepts_one() -> None:
+    """Evaluators on other nodes connect over TCP all at once. The hub accepts one connection at a time (its handshake
+    included); the others wait in the listen queue. With multiprocessing's default backlog of 1 the kernel dropped the
+    rest's SYNs and each retried after 1, 2, 4, ... s: at 16 workers spread over two nodes, evaluators missed the
+    hub's 120 s connect limit (measured). Here the hub's accept thread is held on a first connection that never
+    answers its challenge, and 15 more TCP connections must still complete their TCP handshake at once."""
+    import socket
+
+    hub = tx.StreamHub(16, node_ip="127.0.0.1", node_id="driver-node")
+    held, pending = socket.create_connection(tuple(hub.address["tcp"])), []
+    try:
+        time.sleep(0.2)  # the accept thread takes it and waits for the answer to its challenge
+        for _ in range(15):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(tuple(hub.address["tcp"]))
+            pending.append(s)
+        import select
+
+        deadline = time.monotonic() + 5
+        done: set[int] = set()
+        while len(done) < len(pending) and time.monotonic() < deadline:
+            _, writable, _ = select.select([], [s for s in pending if s.fileno() not in done], [], 0.2)
+            done |= {s.fileno() for s in writable if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0}
+        assert len(done) == len(pending), f"{len(done)} of {len(pending)} connections queued"
+    finally:
+        for s in [held, *pending]:
+            s.close()
+        hub.close()
