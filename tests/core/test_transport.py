@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import select
+import socket
 import threading
 import time
 from multiprocessing import Pipe
@@ -216,8 +218,6 @@ def test_the_hub_queues_every_evaluators_connection_while_it_accepts_one() -> No
     rest's SYNs and each retried after 1, 2, 4, ... s: at 16 workers spread over two nodes, evaluators missed the
     hub's 120 s connect limit (measured). Here the hub's accept thread is held on a first connection that never
     answers its challenge, and 15 more TCP connections must still complete their TCP handshake at once."""
-    import socket
-
     hub = tx.StreamHub(16, node_ip="127.0.0.1", node_id="driver-node")
     held, pending = socket.create_connection(tuple(hub.address["tcp"])), []
     try:
@@ -227,8 +227,6 @@ def test_the_hub_queues_every_evaluators_connection_while_it_accepts_one() -> No
             s.setblocking(False)
             s.connect_ex(tuple(hub.address["tcp"]))
             pending.append(s)
-        import select
-
         deadline = time.monotonic() + 5
         done: set[int] = set()
         while len(done) < len(pending) and time.monotonic() < deadline:

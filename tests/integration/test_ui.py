@@ -138,9 +138,8 @@ def test_ui_opens_on_the_scenarios_return_curves(results_dir: Path, tmp_path: Pa
         )
         with urllib.request.urlopen(req, timeout=10) as r:
             listed = {run["info"]["run_id"] for run in json.loads(r.read())["runs"]}
-        assert listed == {parent, *(run.info.run_id for run in store.children(store.client.get_run(parent)))} and len(
-            listed
-        ) == 1 + len(trials)
+        stored = {parent, *(run.info.run_id for run in store.children(store.client.get_run(parent)))}
+        assert listed == stored and len(listed) == 1 + len(trials)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as r:
             assert r.status == 200 and b"<html" in r.read().lower()
 

@@ -3,8 +3,8 @@
 Importing this module registers ``spaces_env:DictCartPole-v0`` (observations ``{"pole": Box(2), "cart": Box(2)}``:
 the pole's angle and angular velocity, the cart's position and velocity; keys given out of order on purpose),
 ``spaces_env:TupleCartPole-v0`` (the same two parts as a Tuple), ``spaces_env:MultiDiscreteCartPole-v0`` (two
-controls at once) and ``spaces_env:DictMultiDiscreteCartPole-v0`` (both: Dict observations, two controls); gymnasium imports the module itself when an id is written that way, in any process (Ray workers
-included) that has tests/support on its PYTHONPATH.
+controls at once) and ``spaces_env:DictMultiDiscreteCartPole-v0`` (both); gymnasium imports the module itself when
+an id is written that way, in any process (Ray workers included) that has tests/support on its PYTHONPATH.
 """
 
 from __future__ import annotations
