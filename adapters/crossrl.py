@@ -225,6 +225,11 @@ def _restored_policy(trial: Trial, folder: Path) -> Policy:
 
     if trial.env.multi_agent:
         raise ValueError(f"{trial.name}: reloading a multi-agent env's policies is not supported yet")
+    if trial.algorithm == "dreamer":
+        raise ValueError(
+            f"{trial.name}: crossrl: a dreamer policy acts through its world model's recurrent state, which evaluate "
+            "and export do not carry yet"
+        )
     alg = algorithms.load(trial.algorithm)
     env = make_env(trial.env)
     try:

@@ -92,9 +92,8 @@ BUILTIN: dict[str, EngineInfo] = {
             "dqn": "sync_replay, uniform or prioritized (or async_replay)",
             "apex": "async_replay: replay shard actors, per-worker epsilons (or sync_replay)",
             "sac": "sync_replay: twin Q critics, Polyak targets, learned temperature (or async_replay, uniform shards)",
-        },
-        unsupported={
-            "dreamer": "crossrl's core has no DreamerV3 yet; run dreamer on rllib (--engines)",
+            "dreamer": "sync_replay over a sequence buffer: world model (RSSM), actor and critic of the model_size "
+            "preset, learned in imagination; recurrent acting",
         },
         multi_agent={
             "ppo": "sync_samples: a policy map in every evaluator, one sample batch per policy (IPPO)",
@@ -145,7 +144,7 @@ BUILTIN: dict[str, EngineInfo] = {
         },
         unsupported={
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
-            "dreamer": "crossrl's TorchRL adapter has no DreamerV3 yet; run dreamer on rllib (--engines)",
+            "dreamer": "crossrl's TorchRL adapter has no DreamerV3 yet; run dreamer on crossrl or rllib (--engines)",
         },
         multi_agent={
             "ppo": "PettingZooWrapper (a group per policy) + MultiAgentMLP(share_params=True); ClipPPOLoss + GAE per "

@@ -106,6 +106,8 @@ class PolicyEvaluator:
         truncs = np.empty((num_steps, self.num_envs), bool)
         step = self.env.step
         act = self.policy.fragment_actor(num_steps=num_steps, num_envs=self.num_envs)
+        # a recurrent actor (DreamerV3's) learns of each step's ended episodes to reset their state
+        ended_hook = getattr(act, "ended", None)
         # The actor's own input rows when they hold the observations as they are: one copy per step, not two.
         rows = act.obs_rows(self._obs.dtype, self._obs.shape) if hasattr(act, "obs_rows") else None
         obs_buf = rows if rows is not None else np.empty((num_steps, *self._obs.shape), self._obs.dtype)
@@ -115,6 +117,8 @@ class PolicyEvaluator:
             actions = act(self._obs, t)
             obs, rewards[t], terms[t], truncs[t], _ = step(np.clip(actions, *clip) if clip is not None else actions)
             self._obs = obs
+            if ended_hook is not None:
+                ended_hook(terms[t] | truncs[t])
         cols = act.columns()
         if rows is not None:
             obs_buf = np.ascontiguousarray(rows)  # the batch's own column, not a view of the actor's buffer
@@ -140,6 +144,7 @@ class PolicyEvaluator:
         )
         batch = SampleBatch(cols, time_major=True, episode_returns=ep_returns, episode_lengths=ep_lengths)
         batch = self.policy.postprocess_trajectory(batch)
+        batch.source = (self.worker_index, os.getpid())
         if _PLANTED_SLOWDOWN:
             _burn_cpu(_PLANTED_SLOWDOWN * (time.thread_time() - cpu0))
         return batch

@@ -79,11 +79,17 @@ class QPolicy(Policy):
         self.prioritized = bool(self.hp["prioritized_replay"])
         self.priority_alpha = float(self.hp["priority_alpha"])
         self.priority_beta = float(self.hp["priority_beta"])
+        self.replay_batch_size = int(self.hp["train_batch"])
+        self.learning_starts = int(self.hp["learning_starts"])
         self._np_q: list[NpLayer] | None = None  # numpy copies for acting and priorities, dropped on change
         self._np_target: list[NpLayer] | None = None
 
     def learning_rate(self) -> float:
         return float(self.hp["lr"])
+
+    def rollout_fragment(self, num_envs: int) -> int:
+        """Env steps per env and sample call: the ``rollout_fragment`` hyperparameter."""
+        return int(self.hp["rollout_fragment"])
 
     # -- acting ------------------------------------------------------------------------------------
     def set_epsilon(self, epsilon: float) -> None:

@@ -155,6 +155,9 @@ class ReplayBuffer:
         self.num_added += n
         return slots
 
+    def can_sample(self) -> bool:
+        return len(self) > 0
+
     def _gather(self, slots: np.ndarray) -> Columns:
         return {k: v[slots] for k, v in self._columns.items()}
 

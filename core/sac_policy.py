@@ -106,6 +106,7 @@ class SACPolicy(Policy):
         self.target_update: int | None = None  # Polyak averaging inside each update
         self.prioritized = False
         self.learning_starts = int(self.hp["learning_starts"])
+        self.replay_batch_size = int(self.hp["train_batch"])
         self.updates = 0
         self._torch: _Nets | None = None
         self._np_weights: dict[str, np.ndarray] | None = None
@@ -119,6 +120,10 @@ class SACPolicy(Policy):
                 self._torch.load(self._np_weights)
                 self._np_weights = None
         return self._torch
+
+    def rollout_fragment(self, num_envs: int) -> int:
+        """Env steps per env and sample call: the ``rollout_fragment`` hyperparameter."""
+        return int(self.hp["rollout_fragment"])
 
     # -- acting ----------------------------------------------------------------------------------------------------
     def set_epsilon(self, epsilon: float) -> None:

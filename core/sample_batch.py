@@ -63,6 +63,9 @@ class SampleBatch(dict[str, np.ndarray]):
         self._env_steps = env_steps
         # the version of the weights the batch was sampled with (set by the evaluator; None: not known)
         self.weights_version: int | None = None
+        # the evaluator that sampled it, (worker index, process id); None: not known. A sequence replay keeps one
+        # stream per source and env (crossrl.core.sequence_replay)
+        self.source: tuple[int, int] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # dict subclasses would otherwise lose the attributes in Ray's object store.
@@ -76,6 +79,7 @@ class SampleBatch(dict[str, np.ndarray]):
                 self._env_steps,
                 self.agent_returns,
                 self.weights_version,
+                self.source,
             ),
         )
 
@@ -172,6 +176,7 @@ def _rebuild(
     env_steps: int | None,
     agent_returns: dict[str, list[float]] | None = None,
     weights_version: int | None = None,
+    source: tuple[int, int] | None = None,
 ) -> SampleBatch:
     batch = SampleBatch(
         cols,
@@ -182,4 +187,5 @@ def _rebuild(
         agent_returns=agent_returns,
     )
     batch.weights_version = weights_version
+    batch.source = source
     return batch

@@ -184,8 +184,18 @@ CROSSRL_SETTINGS: Final[dict[str, dict[str, Any]]] = {
         "num_replay_shards": 1,
         "max_replay_lag": 4_096,  # transitions trained (16 updates of 256) behind replay_ratio
     },
-    # DreamerV3: crossrl's core has none yet (the registry refuses it), so nothing of its own
-    "dreamer": {},
+    # DreamerV3: the paper's optimizer settings (its Table W, as RLlib's DreamerV3Config has them): Adam's epsilon 1e-8
+    # for the world model and 1e-5 for actor and critic, global-norm gradient clips 1000 and 100, the returns' scale a
+    # moving average of decay 0.99 (eq. 12), the slow critic one of 0.98 per update; a point per 500 env steps.
+    "dreamer": {
+        "world_model_adam_eps": 1.0e-8,
+        "actor_critic_adam_eps": 1.0e-5,
+        "world_model_grad_clip": 1000.0,
+        "actor_critic_grad_clip": 100.0,
+        "return_norm_decay": 0.99,
+        "slow_critic_decay": 0.98,
+        "steps_per_iteration": 500,
+    },
 }
 
 # The suite's standard conv models per pixel preprocessing (EnvSpec.resolved_preprocessing), as ModelSpec

@@ -1,6 +1,8 @@
-"""Synchronous replay (DQN, SAC): evaluators sample, transitions go into a replay buffer on the driver, the
+"""Synchronous replay (DQN, SAC, DreamerV3): evaluators sample, transitions go into a replay buffer on the driver, the
 driver's policy trains on replayed batches; DQN's target network is synced every ``target_update`` env steps (SAC's
-target critics follow by Polyak averaging inside each update).
+target critics follow by Polyak averaging inside each update). DreamerV3's world model learns from sequences: its
+buffer keeps each env's steps in order and replays windows of them (:mod:`crossrl.core.sequence_replay`); the rest of
+the round is the same, which is why DreamerV3 needs no optimizer of its own.
 
 One round: set every evaluator's epsilon (DQN: the linear schedule over global env steps; SAC: 1, a uniformly
 random action, until ``learning_starts``, then 0), broadcast weights
@@ -24,6 +26,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from crossrl.core import sample_batch as sb
+from crossrl.core.dreamer_policy import DreamerPolicy
 from crossrl.core.evaluator import EvaluatorSet
 from crossrl.core.maths import mean_stats
 from crossrl.core.optimizers.base import PolicyOptimizer, StepStats
@@ -31,12 +34,16 @@ from crossrl.core.q_policy import REPLAY_COLUMNS, QPolicy
 from crossrl.core.replay import PrioritizedReplayBuffer, ReplayBuffer
 from crossrl.core.sac_policy import SACPolicy
 from crossrl.core.sample_batch import SampleBatch
+from crossrl.core.sequence_replay import SequenceReplayBuffer
 from crossrl.scenarios import metrics as M
 
-ReplayPolicy: TypeAlias = QPolicy | SACPolicy
+ReplayPolicy: TypeAlias = QPolicy | SACPolicy | DreamerPolicy
 """The policies the replay optimizers train. Each says how it is replayed: ``replay_ratio`` (transitions trained per
 transition sampled), ``target_update`` (env steps between target syncs, or None), ``prioritized``,
-``exploration_epsilon(env_steps)``, and learns with ``learn_on_replay_batch``."""
+``exploration_epsilon(env_steps)``, and learns with ``learn_on_replay_batch``. DreamerV3 replays sequences: a
+:class:`~crossrl.core.sequence_replay.SequenceReplayBuffer` of its ``batch_length_T``, one update per ``B x T``
+replayed steps (its ``replay_batch_size``), after ``B x T`` env steps (its ``learning_starts``), sampling fragments of
+its ``rollout_fragment(envs)`` steps."""
 
 
 def replay_columns(batch: SampleBatch) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
@@ -47,25 +54,32 @@ def replay_columns(batch: SampleBatch) -> tuple[dict[str, np.ndarray], np.ndarra
 
 
 class SyncReplayOptimizer(PolicyOptimizer):
-    """DQN's and SAC's execution: synchronous sampling into a driver-side replay buffer, training on the driver."""
+    """DQN's, SAC's and DreamerV3's execution: synchronous sampling into a driver-side replay buffer, training on the
+    driver."""
 
     name = "sync_replay"
 
     def __init__(self, evaluators: EvaluatorSet, *, hyperparams: Mapping[str, Any]) -> None:
         super().__init__(evaluators, hyperparams=hyperparams)
         policy = evaluators.local.policy
-        if not isinstance(policy, QPolicy | SACPolicy):
-            raise TypeError(f"sync_replay trains a QPolicy (dqn, apex) or a SACPolicy, got {type(policy).__name__}")
+        if not isinstance(policy, QPolicy | SACPolicy | DreamerPolicy):
+            raise TypeError(
+                f"sync_replay trains a QPolicy (dqn, apex), a SACPolicy or a DreamerPolicy, got {type(policy).__name__}"
+            )
         self.policy: ReplayPolicy = policy
         rng = np.random.default_rng([evaluators.seed, 7])
         capacity = int(self.hp["buffer_size"])
         self.prioritized = policy.prioritized
-        self.buffer: ReplayBuffer
-        if isinstance(policy, QPolicy) and policy.prioritized:
+        self.buffer: ReplayBuffer | SequenceReplayBuffer
+        if isinstance(policy, DreamerPolicy):
+            self.buffer = SequenceReplayBuffer(capacity, length=policy.batch_length_T, rng=rng)
+        elif isinstance(policy, QPolicy) and policy.prioritized:
             self.buffer = PrioritizedReplayBuffer(capacity, alpha=policy.priority_alpha, rng=rng)
         else:
             self.buffer = ReplayBuffer(capacity, rng=rng)
-        self.train_batch = int(self.hp["train_batch"])
+        self.train_batch = policy.replay_batch_size
+        self.fragment = policy.rollout_fragment(evaluators.local.num_envs)
+        self.learning_starts = policy.learning_starts
         self.steps_per_iteration = int(self.hp["steps_per_iteration"])
         self._owed = 0.0  # transitions of training owed under replay_ratio, not yet trained
         self._last_target_sync = 0
@@ -100,10 +114,14 @@ class SyncReplayOptimizer(PolicyOptimizer):
             ev.local.set_epsilon(eps)
         with self.timer(M.TIME_SAMPLE_S):
             # weights and epsilon travel in the sample call itself: one actor call per evaluator per round
-            batches = ev.sample(num_steps=int(self.hp["rollout_fragment"]), epsilon=eps)
+            batches = ev.sample(num_steps=self.fragment, epsilon=eps)
         new = 0
         for batch in batches:
             stats.add_episodes(batch)
+            if isinstance(self.buffer, SequenceReplayBuffer):
+                self.buffer.add_fragment(batch, source=batch.source)
+                new += batch.num_env_steps()
+                continue
             cols, priorities = replay_columns(batch)
             if isinstance(self.buffer, PrioritizedReplayBuffer):
                 self.buffer.add(cols, priorities=priorities)
@@ -112,7 +130,7 @@ class SyncReplayOptimizer(PolicyOptimizer):
             new += batch.num_env_steps()
         sampled = sampled_before + new
         out: list[dict[str, float]] = []
-        if sampled < int(self.hp["learning_starts"]) or len(self.buffer) < self._refill:
+        if sampled < self.learning_starts or len(self.buffer) < self._refill or not self.buffer.can_sample():
             return out
         self._owed += self.policy.replay_ratio * new
         with self.timer(M.TIME_LEARN_S):
@@ -141,7 +159,7 @@ class SyncReplayOptimizer(PolicyOptimizer):
 
     def _set_own_state(self, state: Mapping[str, Any]) -> None:
         if state["buffer"] is None:  # saved without it: refill an empty one with the restored policy first
-            self._refill = min(int(self.hp["learning_starts"]), self.buffer.capacity)
+            self._refill = min(self.learning_starts, self.buffer.capacity)
         else:
             self.buffer = state["buffer"]
         self._owed, self._last_target_sync = float(state["owed"]), int(state["last_target_sync"])

@@ -66,10 +66,9 @@ def test_free_bits_rllib_hard_codes_are_refused_when_changed() -> None:
         R.check_covered(trial)
 
 
-def test_crossrl_and_torchrl_refuse_dreamer_in_one_line() -> None:
-    for engine in ("crossrl", "torchrl"):
-        reason = BUILTIN[engine].reason_unsupported("dreamer")
-        assert reason and "\n" not in reason and "DreamerV3 yet" in reason and "rllib" in reason
+def test_torchrl_refuses_dreamer_in_one_line() -> None:
+    reason = BUILTIN["torchrl"].reason_unsupported("dreamer")
+    assert reason and "\n" not in reason and "DreamerV3 yet" in reason and "rllib" in reason
     with pytest.raises(SpecError, match="dreamer"):
         require_supported(make_trial(engines=("crossrl", "rllib", "torchrl")))
 

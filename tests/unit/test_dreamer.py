@@ -1,5 +1,6 @@
-"""dreamer (DreamerV3) in the suite's vocabulary: the spec takes it, its defaults resolve, the engines without it
-refuse it in one line (`crossrl validate` exits 2 naming the trial), and `crossrl engines` shows the cells."""
+"""dreamer (DreamerV3) in the suite's vocabulary: the spec takes it, its defaults resolve, the engine without it
+(TorchRL) refuses it in one line (`crossrl validate` exits 2 naming the trial), and `crossrl engines` shows the
+cells."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_the_spec_takes_dreamer_and_its_defaults_resolve() -> None:
     assert hp["model_size"] == "nano" and hp["training_ratio"] == 1024 and hp["gamma"] == 0.997
     assert (hp["batch_size_B"], hp["batch_length_T"], hp["horizon_H"]) == (16, 64, 15)
     assert DEFAULT_OPTIMIZER["dreamer"] in VALID_OPTIMIZERS["dreamer"] and NATURAL_SCALING["dreamer"] == "weak"
-    assert CROSSRL_SETTINGS["dreamer"] == {}
+    assert CROSSRL_SETTINGS["dreamer"]["world_model_grad_clip"] == 1000.0  # the paper's, as RLlib's
     trials = spec.trials()
     assert {t.engine for t in trials} == {"crossrl", "rllib", "torchrl"}
     assert batch_per_worker_key("dreamer") in trials[0].hyperparams
@@ -55,14 +56,14 @@ def test_the_spec_checks_dreamers_values() -> None:
         ScenarioSpec.model_validate({**RAW, "execution": {"scaling": "strong"}})
 
 
-def test_crossrl_and_torchrl_refuse_it_in_one_line() -> None:
+def test_torchrl_refuses_it_in_one_line() -> None:
     refused = unsupported(ScenarioSpec.model_validate(RAW).trials())
-    assert sorted(t.engine for t, _ in refused) == ["crossrl", "torchrl"]
-    for trial, reason in refused:
-        assert "\n" not in reason and f"{trial.engine}" in reason
-        assert reason.startswith(("crossrl's core has no DreamerV3 yet", "crossrl's TorchRL adapter has no DreamerV3"))
-        assert "run dreamer on rllib (--engines)" in reason
+    assert [t.engine for t, _ in refused] == ["torchrl"]
+    for _, reason in refused:
+        assert "\n" not in reason and reason.startswith("crossrl's TorchRL adapter has no DreamerV3")
+        assert "run dreamer on crossrl or rllib (--engines)" in reason
     assert BUILTIN["rllib"].reason_unsupported("dreamer") is None
+    assert BUILTIN["crossrl"].reason_unsupported("dreamer") is None
 
 
 def test_validate_exits_2_naming_the_refused_trials(tmp_path: Path) -> None:
@@ -71,17 +72,17 @@ def test_validate_exits_2_naming_the_refused_trials(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["validate", str(f)])
     assert out.exit_code == 2, out.output
     lines = [line for line in out.stderr.splitlines() if "DreamerV3" in line]
-    assert len(lines) == 2 and all("dreamer" in line for line in lines), out.stderr
+    assert len(lines) == 1 and "dreamer" in lines[0] and "torchrl" in lines[0], out.stderr
 
 
 def test_engines_shows_the_dreamer_cells() -> None:
     out = CliRunner().invoke(app, ["engines"], env={"COLUMNS": "400"})
     assert out.exit_code == 0, out.output
     [row] = [line for line in out.stdout.splitlines() if line.lstrip("│ ").startswith("dreamer")]
-    assert row.count("no:") == 2 and "yes: DreamerV3" in row
+    assert row.count("no:") == 1 and "yes: DreamerV3" in row and "yes: sync_replay over a sequence buffer" in row
 
 
-def test_the_builtin_scenario_runs_dreamer_on_rllib() -> None:
+def test_the_builtin_scenario_runs_dreamer_on_crossrl_and_rllib() -> None:
     spec, _ = load("cartpole-dreamer")
-    assert spec.algorithm.name == "dreamer" and spec.engines == ("rllib",)
+    assert spec.algorithm.name == "dreamer" and spec.engines == ("crossrl", "rllib")
     assert unsupported(spec.trials()) == []
