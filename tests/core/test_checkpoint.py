@@ -28,6 +28,9 @@ CASES = {  # algorithm, optimizer, env steps, checkpoint interval, hyperparamete
     "dqn": ("dqn", None, 2000, 700, {"learning_starts": 300, "buffer_size": 5000}),
     "apex": ("apex", None, 2000, 700, {"learning_starts": 300, "buffer_size": 5000}),
     "a3c": ("a3c", None, 3000, 1000, {"train_batch": 200}),
+    # DreamerV3: the sequence buffer's streams, three Adam optimizers, the return scale; one update per 16 env steps
+    "dreamer": ("dreamer", None, 1200, 400, {"batch_size_B": 4, "batch_length_T": 16, "training_ratio": 4.0,
+                                              "horizon_H": 5}),  # fmt: skip
 }
 
 
@@ -102,7 +105,7 @@ def test_a_checkpoint_restores_bit_identical_state_and_a_resumed_trial_continues
     assert meta["trial"] == trial.name and meta["fingerprint"] == trial.fingerprint and not meta["final"]
     state = load_state(middle / checkpoints.ENGINE_DIR)
     assert state["num_steps_sampled"] == meta["env_steps_sampled"] == saved[0]["env_step"]
-    if case in ("dqn",):
+    if case in ("dqn", "dreamer"):
         assert len(state["buffer"]) > 0
     if case == "apex":
         assert sum(len(b) for b in state["shards"]) > 0

@@ -86,3 +86,12 @@ def test_the_builtin_scenario_runs_dreamer_on_crossrl_and_rllib() -> None:
     spec, _ = load("cartpole-dreamer")
     assert spec.algorithm.name == "dreamer" and spec.engines == ("crossrl", "rllib")
     assert unsupported(spec.trials()) == []
+
+
+def test_resume_is_refused_for_rllibs_dreamer_trials_only(tmp_path: Path) -> None:
+    results = ["--no-report", "--results-dir", str(tmp_path / "r")]
+    out = CliRunner().invoke(app, ["run", "cartpole-dreamer", "--engines", "rllib", "--resume", *results])
+    assert out.exit_code == 2 and "rllib does not resume dreamer trials yet" in out.stderr, out.output
+    # crossrl's core resumes them: the refusal does not come (there is no run to resume in an empty store instead)
+    out = CliRunner().invoke(app, ["run", "cartpole-dreamer", "--engines", "crossrl", "--resume", *results])
+    assert out.exit_code != 0 and "does not resume dreamer" not in out.output, out.output
