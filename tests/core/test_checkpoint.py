@@ -29,8 +29,7 @@ CASES = {  # algorithm, optimizer, env steps, checkpoint interval, hyperparamete
     "apex": ("apex", None, 2000, 700, {"learning_starts": 300, "buffer_size": 5000}),
     "a3c": ("a3c", None, 3000, 1000, {"train_batch": 200}),
     # DreamerV3: the sequence buffer's streams, three Adam optimizers, the return scale; one update per 16 env steps
-    "dreamer": ("dreamer", None, 1200, 400, {"batch_size_B": 4, "batch_length_T": 16, "training_ratio": 4.0,
-                                              "horizon_H": 5}),  # fmt: skip
+    "dreamer": ("dreamer", None, 1200, 400, {"batch_size_B": 4, "batch_length_T": 16, "training_ratio": 4.0}),
 }
 
 
