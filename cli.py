@@ -1667,6 +1667,35 @@ def bench_sac_cmd(
                 results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
 
 
+@bench_app.command("dreamer")
+def bench_dreamer_cmd(
+    env_id: Annotated[str, typer.Option("--env", help="a gymnasium id with flat observations")] = "CartPole-v1",
+    engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib",
+    env_steps: Annotated[int, typer.Option("--env-steps", min=200, help="env steps per trial")] = 2000,
+    json_out: JsonOut = None,
+    tracking_uri: TrackingUri = None,
+    results_dir: ResultsDir = Path("crossrl-results"),
+    no_store: NoStore = False,
+) -> None:
+    """DreamerV3's speed in the learner: env steps and updates per second per engine (one worker, nano, B=16 x T=64,
+    one update per 16 env steps), against crossrl's DreamerV3 update alone in a bare loop, measured in the same run."""
+    from crossrl.measure.bench.commands import bench_dreamer
+    from crossrl.measure.bench.results import print_dreamer_table
+
+    console = _console()
+    try:
+        table = bench_dreamer(
+            env_id=env_id,
+            engines=tuple(e.strip() for e in engines_.split(",") if e.strip()),
+            env_steps=env_steps,
+            progress=console.print,
+        )
+    except ValueError as e:
+        _fail([str(e)])
+    _emit_bench("dreamer", table, print_dreamer_table, json_out=json_out, tracking_uri=tracking_uri,
+                results_dir=results_dir, store=not no_store, console=console)  # fmt: skip
+
+
 @bench_app.command("sweep")
 def bench_sweep_cmd(
     scenario: Annotated[str, typer.Argument(help="built-in scenario name or YAML path")] = "smoke",

@@ -664,6 +664,75 @@ def _sac_limit(
     return rate
 
 
+def bench_dreamer(
+    *,
+    env_id: str = "CartPole-v1",
+    engines: Sequence[str] = ("crossrl", "rllib"),
+    env_steps: int = 2000,
+    hyperparams: dict[str, Any] | None = None,
+    limit_seconds: float = 20.0,
+    progress: Progress | None = None,
+) -> Any:
+    """DreamerV3's speed where it spends it, in the learner: a short dreamer trial per engine through the real runner
+    (one worker, one env, the catalog's DreamerV3 but ``hyperparams``; by default nano, B=16 x T=64, training ratio 64:
+    one update per 16 env steps) and, before and after them, the limit: crossrl's DreamerV3 update of the same
+    networks and batch in a bare loop in a fresh process (:mod:`crossrl.measure.bench.dreamer_limit`). Each engine's
+    env steps and updates per second are read off its points from the first one past B x T env steps (when learning
+    starts) to its last."""
+    from crossrl.measure.bench.results import DreamerTable
+    from crossrl.orchestration.runner import run_scenario
+    from crossrl.reports.store import ResultsStore
+    from crossrl.scenarios.spec import ScenarioSpec
+
+    hp = {"model_size": "nano", "training_ratio": 64.0, **(hyperparams or {})}
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": f"bench-dreamer-{env_id.lower()}",
+            "env": {"id": env_id},
+            "algorithm": {"name": "dreamer", "hyperparams": hp},
+            "engines": list(engines),
+            "execution": {"workers": [1], "envs_per_worker": 1},
+            "budget": {"env_steps": env_steps, "wall_seconds": 3600},
+            "seeds": [0],
+        }
+    )
+    resolved = spec.trials()[0].hyperparams
+    learning_starts = int(resolved["batch_size_B"]) * int(resolved["batch_length_T"])
+    if learning_starts >= env_steps:
+        raise ValueError(f"--env-steps {env_steps} must exceed B x T = {learning_starts}: nothing would train")
+    limits = [_dreamer_limit(env_id, resolved, limit_seconds, progress)]
+    with tempfile.TemporaryDirectory(prefix="crossrl-bench-dreamer-") as tmp:
+        outcome = run_scenario(spec, store=ResultsStore(results_dir=Path(tmp)), command="crossrl bench dreamer")
+        rows = []
+        for result in outcome.results:
+            points = [p for _, p in result.points]
+            rows.append(_sac_row(result.trial.engine, result.status, points, learning_starts))
+            _say(progress, f"{result.trial.name}: {result.status}")
+    limits.append(_dreamer_limit(env_id, resolved, limit_seconds, progress))
+    return DreamerTable(
+        env=env_id,
+        model_size=str(resolved["model_size"]),
+        batch=f"{resolved['batch_size_B']} x {resolved['batch_length_T']}",
+        horizon=int(resolved["horizon_H"]),
+        rows=rows,
+        limit_updates_per_s=limits,
+        parent_run_id=outcome.parent_id,
+    )
+
+
+def _dreamer_limit(env_id: str, hp: dict[str, Any], seconds: float, progress: Progress | None) -> float:
+    """crossrl's DreamerV3 update in a bare loop, updates per second, in a fresh process with one torch thread."""
+    import json as _json
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    args = [env_id, _json.dumps(dict(hp)), str(seconds)]
+    out = subprocess.run([sys.executable, "-m", "crossrl.measure.bench.dreamer_limit", *args], env=env,
+                         capture_output=True, text=True, check=True, timeout=seconds * 10 + 120)  # fmt: skip
+    rate = float(_json.loads(out.stdout.strip().splitlines()[-1])["updates_per_s"])
+    _say(progress, f"limit (crossrl's DreamerV3 update alone): {rate:.2f} updates/s")
+    return rate
+
+
 def _sac_row(engine: str, status: str, points: Sequence[dict[str, float]], learning_starts: int) -> Any:
     from crossrl.measure.bench.results import SacRow
 

@@ -948,6 +948,71 @@ class SacTable:
         return out
 
 
+@dataclass
+class DreamerTable:
+    """``crossrl bench dreamer``: each engine's env steps and updates per second (rows as SAC's), and the limit."""
+
+    env: str
+    model_size: str
+    batch: str  # "B x T"
+    horizon: int
+    rows: list[SacRow]
+    limit_updates_per_s: list[float]  # crossrl's update alone, measured before and after the trials
+    parent_run_id: str = ""
+
+    @property
+    def limit(self) -> float | None:
+        return statistics.median(self.limit_updates_per_s) if self.limit_updates_per_s else None
+
+    def to_limit(self, engine: str) -> float | None:
+        """``engine``'s updates/s over the limit's (the median of its measurements)."""
+        row = next((r for r in self.rows if r.engine == engine), None)
+        return _ratio(row.updates_per_s if row else None, self.limit)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "model_size": self.model_size,
+            "batch": self.batch,
+            "horizon": self.horizon,
+            "parent_run_id": self.parent_run_id,
+            "limit_updates_per_s": self.limit_updates_per_s,
+            "rows": [{**asdict(r), "to_limit": self.to_limit(r.engine)} for r in self.rows],
+        }
+
+    def to_json(self, path: Path) -> Path:
+        return write_result(path, "dreamer", self.to_dict())
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"{r.engine}.updates_per_s": r.updates_per_s for r in self.rows if r.updates_per_s is not None}
+        out |= {f"{r.engine}.env_steps_per_s": r.env_steps_per_s for r in self.rows if r.env_steps_per_s is not None}
+        if self.limit is not None:
+            out["limit.updates_per_s"] = self.limit
+        return out
+
+
+def print_dreamer_table(table: DreamerTable, *, console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    title = f"bench dreamer: {table.env}, {table.model_size}, batches of {table.batch}, horizon {table.horizon}"
+    t = Table(title=title)
+    for col in ("engine", "status", "env steps/s", "updates/s", "x limit"):
+        t.add_column(col, justify="left" if col in ("engine", "status") else "right")
+    for r in table.rows:
+        t.add_row(
+            r.engine, r.status, _fmt(r.env_steps_per_s, ".1f"), _fmt(r.updates_per_s, ".2f"),
+            _fmt(table.to_limit(r.engine), ".2f"),
+        )  # fmt: skip
+    con = console or Console()
+    con.print(t)
+    limits = ", ".join(f"{x:.2f}" for x in table.limit_updates_per_s)
+    con.print(
+        f"limit: crossrl's DreamerV3 update of the same networks and batch in a bare loop (no env, replay or Ray), one "
+        f"thread: {limits} updates/s (before and after the trials; x limit against their median)"
+    )
+
+
 def print_sac_table(table: SacTable, *, console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
