@@ -17,6 +17,7 @@ from crossrl.adapters.base import MetricSink, send_clip
 from crossrl.scenarios.spec import DEFAULT_TRANSPORT, EnvSpec, ModelSpec, Trial
 
 if TYPE_CHECKING:
+    from crossrl.core.dreamer_policy import DreamerPolicy
     from crossrl.core.evaluator import EvaluatorSet
     from crossrl.core.optimizers.base import PolicyOptimizer
     from crossrl.core.policy import Policy
@@ -207,7 +208,11 @@ def load_state(folder: Path) -> dict[str, Any]:
 def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[[Any], Any]:
     """The trained policy of a checkpoint's engine folder, for one single-agent observation: greedy (argmax of the
     logits or Q-values) or sampled from the policy (a Q-policy: epsilon-greedy at its final epsilon)."""
+    from crossrl.core.dreamer_policy import DreamerPolicy
+
     policy = _restored_policy(trial, folder)
+    if isinstance(policy, DreamerPolicy):
+        return RecurrentAct(policy, explore=not greedy)
     if greedy:
         return greedy_act(policy)
 
@@ -218,6 +223,23 @@ def load_policy(trial: Trial, folder: Path, *, greedy: bool = True) -> Callable[
     return act
 
 
+class RecurrentAct:
+    """A DreamerV3 policy acting on one observation at a time through its world model's recurrent state, which
+    :meth:`reset` clears (the caller does at each episode's start). Greedy: the actor's mode (its most likely action,
+    or its mean), the latent state still sampled as the world model does."""
+
+    def __init__(self, policy: DreamerPolicy, *, explore: bool) -> None:
+        self.policy = policy
+        self.explore = explore
+
+    def reset(self) -> None:
+        self.policy.reset_acting_state()
+
+    def __call__(self, obs: Any) -> Any:
+        actions, _ = self.policy.compute_actions(obs[None], explore=self.explore)
+        return actions[0]
+
+
 def _restored_policy(trial: Trial, folder: Path) -> Policy:
     """The trial's policy with a checkpoint's engine folder's weights (and a Q-policy's epsilon)."""
     from crossrl.core import algorithms
@@ -225,11 +247,6 @@ def _restored_policy(trial: Trial, folder: Path) -> Policy:
 
     if trial.env.multi_agent:
         raise ValueError(f"{trial.name}: reloading a multi-agent env's policies is not supported yet")
-    if trial.algorithm == "dreamer":
-        raise ValueError(
-            f"{trial.name}: crossrl: a dreamer policy acts through its world model's recurrent state, which evaluate "
-            "and export do not carry yet"
-        )
     alg = algorithms.load(trial.algorithm)
     env = make_env(trial.env)
     try:
@@ -261,6 +278,11 @@ def export_policy(trial: Trial, folder: Path) -> Any:
 
     if trial.model.conv:
         raise ValueError(f"{trial.name}: export takes flat observations (MLP models); this trial has a conv model")
+    if trial.algorithm == "dreamer":
+        raise ValueError(
+            f"{trial.name}: export writes feed-forward policies; a dreamer policy acts through its world model's "
+            "recurrent state (crossrl evaluate runs it)"
+        )
     policy = _restored_policy(trial, folder)
     if isinstance(policy, SACPolicy):
         return GreedyPolicy(

@@ -132,6 +132,9 @@ def evaluate(
     try:
         for i in range(episodes):
             obs, _ = env.reset(seed=trial.seed + EVAL_SEED_OFFSET + i)
+            reset = getattr(act, "reset", None)  # a recurrent policy (DreamerV3's) starts each episode afresh
+            if reset is not None:
+                reset()
             score, length, done = 0.0, 0, False
             while not done:
                 obs, reward, terminated, truncated, _ = env.step(act(obs))

@@ -3,6 +3,8 @@ one update's losses, the state a checkpoint restores, and learning on a fixed ba
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -267,3 +269,41 @@ def test_it_refuses_what_it_cannot_run() -> None:
         make_policy(gym.spaces.MultiDiscrete([2, 3]))
     with pytest.raises(TypeError, match="bounded"):
         make_policy(gym.spaces.Box(-np.inf, np.inf, (1,), np.float32))
+
+
+# -- a reloaded policy (crossrl evaluate) ------------------------------------------------------------------------
+def test_a_reloaded_dreamer_policy_acts_and_starts_each_episode_afresh(tmp_path: Path) -> None:
+    import pickle
+
+    from crossrl.adapters.crossrl import STATE_FILE, export_policy, load_policy
+    from crossrl.scenarios.spec import ScenarioSpec
+
+    spec = ScenarioSpec.model_validate(
+        {
+            "name": "d",
+            "env": {"id": "CartPole-v1"},
+            "algorithm": {"name": "dreamer", "hyperparams": TINY},
+            "engines": ["crossrl"],
+            "budget": {"env_steps": 100},
+        }  # fmt: skip
+    )
+    trial = spec.trials()[0]
+    trained = DreamerPolicy(
+        observation_space=gym.spaces.Box(-np.inf, np.inf, (4,), np.float32),
+        action_space=gym.spaces.Discrete(2),
+        hyperparams=load("dreamer").hyperparams(trial.hyperparams),
+        model=ModelSpec(),
+        seed=1,
+    )
+    (tmp_path / STATE_FILE).write_bytes(pickle.dumps({"policy": trained.get_state()}))
+    act = load_policy(trial, tmp_path, greedy=True)
+    obs = np.zeros(4, np.float32)
+    first = [int(act(obs)) for _ in range(3)]
+    assert set(first) <= {0, 1}
+    state = act.policy.acting_state(1)  # type: ignore[attr-defined]
+    assert float(state.h.abs().sum()) > 0
+    act.reset()  # type: ignore[attr-defined]
+    assert float(act.policy.acting_state(1).h.abs().sum()) == 0  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(act.policy.get_weights()["actor.0.weight"], trained.get_weights()["actor.0.weight"])  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="recurrent state"):
+        export_policy(trial, tmp_path)
