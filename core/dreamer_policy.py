@@ -519,23 +519,16 @@ class _Nets:
         }
 
     def weights(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for name, module in self.modules().items():
-            out.update({f"{name}.{k}": v.detach().numpy().copy() for k, v in module.state_dict().items()})
+        from crossrl.core.models import module_weights
+
+        out = module_weights(self.modules())
         out["return_scale"] = np.array(self.p.return_scale, np.float32)
         return out
 
     def load(self, weights: Mapping[str, np.ndarray]) -> None:
-        import torch
+        from crossrl.core.models import load_module_weights
 
-        with torch.no_grad():
-            for name, module in self.modules().items():
-                prefix = name + "."
-                part = {
-                    k[len(prefix) :]: torch.as_tensor(np.asarray(v)) for k, v in weights.items() if k.startswith(prefix)
-                }
-                if part:  # a part of the weights (the acting modules') loads that part
-                    module.load_state_dict(part)
+        load_module_weights(self.modules(), weights)  # a part of the weights (the acting modules') loads that part
         if "return_scale" in weights:
             self.p.return_scale = float(np.asarray(weights["return_scale"]))
 

@@ -9,8 +9,9 @@ for layer (the tests count the parameters).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -128,6 +129,27 @@ def build_net(*, obs_shape: Sequence[int], out_dim: int, model: ModelSpec, out_g
         return build_mlp(in_dim=math.prod(obs_shape), out_dim=out_dim, model=model, out_gain=out_gain)
     trunk, flat = build_conv_trunk(obs_shape=obs_shape, model=model)
     return nn.Sequential(trunk, build_mlp(in_dim=flat, out_dim=out_dim, model=model, out_gain=out_gain))
+
+
+def module_weights(modules: Mapping[str, nn.Module]) -> dict[str, np.ndarray]:
+    """Every tensor of named modules as numpy copies, keyed ``<name>.<state_dict key>``."""
+    out: dict[str, np.ndarray] = {}
+    for name, module in modules.items():
+        out.update({f"{name}.{k}": v.detach().numpy().copy() for k, v in module.state_dict().items()})
+    return out
+
+
+def load_module_weights(modules: Mapping[str, nn.Module], weights: Mapping[str, np.ndarray]) -> None:
+    """:func:`module_weights`'s arrays back into the named modules; a module with none of its keys in ``weights`` is
+    left as it is (a part of the weights, an actor's alone, loads that part)."""
+    with torch.no_grad():
+        for name, module in modules.items():
+            prefix = name + "."
+            part = {
+                k[len(prefix) :]: torch.as_tensor(np.asarray(v)) for k, v in weights.items() if k.startswith(prefix)
+            }
+            if part:
+                module.load_state_dict(part)
 
 
 def count_params(module: nn.Module) -> int:

@@ -293,24 +293,20 @@ class _Nets:
         }
 
     def weights(self) -> dict[str, np.ndarray]:
-        out: dict[str, np.ndarray] = {}
-        for name, module in self.modules().items():
-            out.update({f"{name}.{k}": v.detach().numpy().copy() for k, v in module.state_dict().items()})
+        from crossrl.core.models import module_weights
+
+        out = module_weights(self.modules())
         out[LOG_ALPHA] = self.log_alpha.detach().numpy().copy()
         return out
 
     def load(self, weights: Mapping[str, np.ndarray]) -> None:
         import torch
 
-        with torch.no_grad():
-            for name, module in self.modules().items():
-                prefix = name + "."
-                part = {
-                    k[len(prefix) :]: torch.as_tensor(np.asarray(v)) for k, v in weights.items() if k.startswith(prefix)
-                }
-                if part:  # a part of the weights (the actor's) loads that part
-                    module.load_state_dict(part)
-            if LOG_ALPHA in weights:
+        from crossrl.core.models import load_module_weights
+
+        load_module_weights(self.modules(), weights)
+        if LOG_ALPHA in weights:
+            with torch.no_grad():
                 self.log_alpha.copy_(torch.as_tensor(np.asarray(weights[LOG_ALPHA])))
 
     # -- maths ---------------------------------------------------------------------------------------------------

@@ -653,14 +653,19 @@ def _sac_limit(
     obs_dim: int, act_dim: int, hidden: Sequence[int], batch: int, seconds: float, progress: Progress | None
 ) -> float:
     """The plain torch loop's updates per second, in a fresh process with one torch thread."""
+    args = [str(obs_dim), str(act_dim), ",".join(str(h) for h in hidden), str(batch), str(seconds)]
+    return _limit_process("sac_limit", args, seconds, "plain torch SAC updates", progress)
+
+
+def _limit_process(module: str, args: list[str], seconds: float, label: str, progress: Progress | None) -> float:
+    """``python -m crossrl.measure.bench.<module> ARGS`` with one torch thread: its JSON line's updates per second."""
     import json as _json
 
-    args = [str(obs_dim), str(act_dim), ",".join(str(h) for h in hidden), str(batch), str(seconds)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "crossrl.measure.bench.sac_limit", *args], env=env,
+    out = subprocess.run([sys.executable, "-m", f"crossrl.measure.bench.{module}", *args], env=env,
                          capture_output=True, text=True, check=True, timeout=seconds * 10 + 120)  # fmt: skip
     rate = float(_json.loads(out.stdout.strip().splitlines()[-1])["updates_per_s"])
-    _say(progress, f"limit (plain torch SAC updates): {rate:.1f} updates/s")
+    _say(progress, f"limit ({label}): {rate:.2f} updates/s")
     return rate
 
 
@@ -724,13 +729,8 @@ def _dreamer_limit(env_id: str, hp: dict[str, Any], seconds: float, progress: Pr
     """crossrl's DreamerV3 update in a bare loop, updates per second, in a fresh process with one torch thread."""
     import json as _json
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     args = [env_id, _json.dumps(dict(hp)), str(seconds)]
-    out = subprocess.run([sys.executable, "-m", "crossrl.measure.bench.dreamer_limit", *args], env=env,
-                         capture_output=True, text=True, check=True, timeout=seconds * 10 + 120)  # fmt: skip
-    rate = float(_json.loads(out.stdout.strip().splitlines()[-1])["updates_per_s"])
-    _say(progress, f"limit (crossrl's DreamerV3 update alone): {rate:.2f} updates/s")
-    return rate
+    return _limit_process("dreamer_limit", args, seconds, "crossrl's DreamerV3 update alone", progress)
 
 
 def _sac_row(engine: str, status: str, points: Sequence[dict[str, float]], learning_starts: int) -> Any:

@@ -905,14 +905,11 @@ class SacRow:
     updates_per_s: float | None
 
 
-@dataclass
-class SacTable:
-    env: str
-    hidden: list[int]
-    train_batch: int
+class _AgainstLimit:
+    """A learner benchmark's rows (:class:`SacRow`) against its limit, measured before and after the trials."""
+
     rows: list[SacRow]
-    limit_updates_per_s: list[float]  # the plain torch loop, measured before and after the trials
-    parent_run_id: str = ""
+    limit_updates_per_s: list[float]
 
     @property
     def limit(self) -> float | None:
@@ -923,18 +920,8 @@ class SacTable:
         row = next((r for r in self.rows if r.engine == engine), None)
         return _ratio(row.updates_per_s if row else None, self.limit)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "env": self.env,
-            "hidden": self.hidden,
-            "train_batch": self.train_batch,
-            "parent_run_id": self.parent_run_id,
-            "limit_updates_per_s": self.limit_updates_per_s,
-            "rows": [{**asdict(r), "to_limit": self.to_limit(r.engine)} for r in self.rows],
-        }
-
-    def to_json(self, path: Path) -> Path:
-        return write_result(path, "sac", self.to_dict())
+    def rows_dict(self) -> list[dict[str, Any]]:
+        return [{**asdict(r), "to_limit": self.to_limit(r.engine)} for r in self.rows]
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -949,7 +936,30 @@ class SacTable:
 
 
 @dataclass
-class DreamerTable:
+class SacTable(_AgainstLimit):
+    env: str
+    hidden: list[int]
+    train_batch: int
+    rows: list[SacRow]
+    limit_updates_per_s: list[float]  # the plain torch loop, measured before and after the trials
+    parent_run_id: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "hidden": self.hidden,
+            "train_batch": self.train_batch,
+            "parent_run_id": self.parent_run_id,
+            "limit_updates_per_s": self.limit_updates_per_s,
+            "rows": self.rows_dict(),
+        }
+
+    def to_json(self, path: Path) -> Path:
+        return write_result(path, "sac", self.to_dict())
+
+
+@dataclass
+class DreamerTable(_AgainstLimit):
     """``crossrl bench dreamer``: each engine's env steps and updates per second (rows as SAC's), and the limit."""
 
     env: str
@@ -960,15 +970,6 @@ class DreamerTable:
     limit_updates_per_s: list[float]  # crossrl's update alone, measured before and after the trials
     parent_run_id: str = ""
 
-    @property
-    def limit(self) -> float | None:
-        return statistics.median(self.limit_updates_per_s) if self.limit_updates_per_s else None
-
-    def to_limit(self, engine: str) -> float | None:
-        """``engine``'s updates/s over the limit's (the median of its measurements)."""
-        row = next((r for r in self.rows if r.engine == engine), None)
-        return _ratio(row.updates_per_s if row else None, self.limit)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "env": self.env,
@@ -977,58 +978,49 @@ class DreamerTable:
             "horizon": self.horizon,
             "parent_run_id": self.parent_run_id,
             "limit_updates_per_s": self.limit_updates_per_s,
-            "rows": [{**asdict(r), "to_limit": self.to_limit(r.engine)} for r in self.rows],
+            "rows": self.rows_dict(),
         }
 
     def to_json(self, path: Path) -> Path:
         return write_result(path, "dreamer", self.to_dict())
 
-    def metrics(self) -> dict[str, float]:
-        out = {f"{r.engine}.updates_per_s": r.updates_per_s for r in self.rows if r.updates_per_s is not None}
-        out |= {f"{r.engine}.env_steps_per_s": r.env_steps_per_s for r in self.rows if r.env_steps_per_s is not None}
-        if self.limit is not None:
-            out["limit.updates_per_s"] = self.limit
-        return out
 
-
-def print_dreamer_table(table: DreamerTable, *, console: Any = None) -> None:
+def _print_against_limit(table: _AgainstLimit, *, title: str, limit_text: str, digits: int, console: Any) -> None:
+    """A learner benchmark's table: each engine's env steps and updates per second and its ratio to the limit, then a
+    line saying what the limit is and its measurements."""
     from rich.console import Console
     from rich.table import Table
 
-    title = f"bench dreamer: {table.env}, {table.model_size}, batches of {table.batch}, horizon {table.horizon}"
     t = Table(title=title)
     for col in ("engine", "status", "env steps/s", "updates/s", "x limit"):
         t.add_column(col, justify="left" if col in ("engine", "status") else "right")
     for r in table.rows:
         t.add_row(
-            r.engine, r.status, _fmt(r.env_steps_per_s, ".1f"), _fmt(r.updates_per_s, ".2f"),
+            r.engine, r.status, _fmt(r.env_steps_per_s, ".1f"), _fmt(r.updates_per_s, f".{digits}f"),
             _fmt(table.to_limit(r.engine), ".2f"),
         )  # fmt: skip
     con = console or Console()
     con.print(t)
-    limits = ", ".join(f"{x:.2f}" for x in table.limit_updates_per_s)
-    con.print(
-        f"limit: crossrl's DreamerV3 update of the same networks and batch in a bare loop (no env, replay or Ray), one "
-        f"thread: {limits} updates/s (before and after the trials; x limit against their median)"
+    limits = ", ".join(f"{x:.{digits}f}" for x in table.limit_updates_per_s)
+    con.print(f"limit: {limit_text}: {limits} updates/s (before and after the trials; x limit against their median)")
+
+
+def print_dreamer_table(table: DreamerTable, *, console: Any = None) -> None:
+    _print_against_limit(
+        table,
+        title=f"bench dreamer: {table.env}, {table.model_size}, batches of {table.batch}, horizon {table.horizon}",
+        limit_text="crossrl's DreamerV3 update of the same networks and batch in a bare loop (no env, replay or Ray), "
+        "one thread",
+        digits=2,
+        console=console,
     )
 
 
 def print_sac_table(table: SacTable, *, console: Any = None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"bench sac: {table.env}, MLPs {table.hidden}, batches of {table.train_batch}")
-    for col in ("engine", "status", "env steps/s", "updates/s", "x limit"):
-        t.add_column(col, justify="left" if col in ("engine", "status") else "right")
-    for r in table.rows:
-        t.add_row(
-            r.engine, r.status, _fmt(r.env_steps_per_s, ".1f"), _fmt(r.updates_per_s, ".1f"),
-            _fmt(table.to_limit(r.engine), ".2f"),
-        )  # fmt: skip
-    con = console or Console()
-    con.print(t)
-    limits = ", ".join(f"{x:.1f}" for x in table.limit_updates_per_s)
-    con.print(
-        f"limit: a plain torch SAC update loop, the same networks and batch, one thread: {limits} updates/s (before and "
-        "after the trials; x limit against their median)"
+    _print_against_limit(
+        table,
+        title=f"bench sac: {table.env}, MLPs {table.hidden}, batches of {table.train_batch}",
+        limit_text="a plain torch SAC update loop, the same networks and batch, one thread",
+        digits=1,
+        console=console,
     )
