@@ -32,7 +32,6 @@ Written from the paper (its section 2, eq. 1-12 and appendix B); the parts:
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -635,7 +634,8 @@ class _Nets:
         cont = torch.nn.functional.binary_cross_entropy_with_logits(
             self.cont(feat)[..., 0], 1.0 - batch[IS_TERMINAL], reduction="none"
         )
-        dyn = kl_categorical(post.detach(), prior).clamp(min=self.p.free_bits)
+        kl = kl_categorical(post.detach(), prior)  # KL[q || p]: its value is the representation term's too
+        dyn = kl.clamp(min=self.p.free_bits)
         rep = kl_categorical(post, prior.detach()).clamp(min=self.p.free_bits)
         loss = (PRED_SCALE * (decoder + reward + cont) + DYN_SCALE * dyn + REP_SCALE * rep).mean()
         if not torch.isfinite(loss):
@@ -645,7 +645,7 @@ class _Nets:
             "diag.decoder_loss": float(decoder.detach().mean()),
             "diag.reward_loss": float(reward.detach().mean()),
             "diag.continue_loss": float(cont.detach().mean()),
-            "diag.kl": float(kl_categorical(post, prior).detach().mean()),
+            "diag.kl": float(kl.detach().mean()),
         }
         return loss, stats, (h.detach(), z.detach())
 
@@ -741,10 +741,3 @@ class _Nets:
         )
         return stats
 
-
-def param_count(policy: DreamerPolicy) -> int:
-    """Parameters of every trained network (the slow critic, a copy, not counted)."""
-    nets = policy._nets()
-    return sum(
-        int(math.prod(t.shape)) for name, m in nets.modules().items() if name != "slow_critic" for t in m.parameters()
-    )
