@@ -740,4 +740,3 @@ class _Nets:
             }
         )
         return stats
-
