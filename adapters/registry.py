@@ -141,11 +141,15 @@ BUILTIN: dict[str, EngineInfo] = {
             "dqn": "DQNLoss + uniform ReplayBuffer",
             "sac": "SACLoss (twin Q critics, TD0, SoftUpdate targets, learned temperature) + uniform ReplayBuffer; "
             "Collector / MultiSyncCollector, init_random_frames until learning_starts",
+            "dreamer": "DreamerV3 from TorchRL's RSSMPriorV3 / RSSMPosteriorV3 (block GRU), DreamerV3ModelLoss, "
+            "ActorLoss (DreamerEnv imagination) and ValueLoss of the model_size preset; SliceSampler sequence replay "
+            "at training_ratio; recurrent acting (RSSMStateEstimatorV3, TensorDictPrimer)",
         },
         unsupported={
             "apex": "TorchRL's prioritized replay needs its C++ extension, which does not load with torch 2.13",
-            "dreamer": "crossrl's TorchRL adapter has no DreamerV3 yet; run dreamer on crossrl or rllib (--engines)",
         },
+        # DreamerV3DiscreteActor, or a Gaussian mapped to the env's bounds
+        action_spaces={"dreamer": ("Discrete", "Box (bounded)")},
         multi_agent={
             "ppo": "PettingZooWrapper (a group per policy) + MultiAgentMLP(share_params=True); ClipPPOLoss + GAE per "
             "policy (IPPO)",

@@ -55,7 +55,8 @@ from torchrl.envs import (
 from crossrl.adapters.base import MetricSink, send_clip
 from crossrl.adapters.checkpoints import ENGINE_DIR, Resumed
 from crossrl.adapters.checkpoints import resume_seed as collector_seed
-from crossrl.adapters.torchrl.algorithms import build_learner, check_algorithm, native_kwargs, read_state
+from crossrl.adapters.torchrl.algorithms import check_algorithm, native_kwargs, read_state
+from crossrl.adapters.torchrl.learners import build_learner
 from crossrl.core.envs import make_env
 from crossrl.core.maths import mean_stats
 from crossrl.scenarios import metrics as M
@@ -221,6 +222,49 @@ HYPERPARAM_MAP: tuple[HpMapping, ...] = (
         "the temperature's entropy target; 'auto': -(action dims), from the actor's spec",
     ),
     HpMapping("initial_alpha", ("sac",), "SACLoss(alpha_init=)", "the temperature at the start"),
+    # DreamerV3 (adapters/torchrl/dreamer.py): TorchRL's modules and losses, the paper's settings where TorchRL's
+    # defaults are not (docs/fairness.md, "DreamerV3")
+    HpMapping(
+        "model_size",
+        ("dreamer",),
+        "DREAMER_SIZES[model_size] -> DreamerV3MLP(num_cells=, depth=), RSSMPriorV3(hidden_dim=, rnn_hidden_dim=, "
+        "num_categoricals=, num_classes=, prior_num_layers=), RSSMPosteriorV3(num_layers=)",
+        "the networks' widths (crossrl's core's table)",
+        "TorchRL's layers: RMSNorm (not LayerNorm), a block GRU of 8 groups (not a GRU cell)",
+    ),
+    HpMapping(
+        "training_ratio",
+        ("dreamer",),
+        "adapter: one update of B x T per B x T / training_ratio env steps (fractions carried); collector "
+        "frames_per_batch = round(B x T / training_ratio / envs) x envs x workers",
+        "replayed env steps per sampled env step",
+    ),
+    HpMapping(
+        "batch_size_B", ("dreamer",), "SliceSampler windows: ReplayBuffer(batch_size=B x T)", "windows per update"
+    ),
+    HpMapping("batch_length_T", ("dreamer",), "SliceSampler(slice_len=)", "entries per window"),
+    HpMapping("horizon_H", ("dreamer",), "DreamerV3ActorLoss(imagination_horizon=)", "imagined steps"),
+    HpMapping("gamma", ("dreamer",), "DreamerV3ActorLoss.make_value_estimator(TDLambda, gamma=)", "discount"),
+    HpMapping(
+        "gae_lambda",
+        ("dreamer",),
+        "DreamerV3ActorLoss.make_value_estimator(TDLambda, lmbda=)",
+        "the imagined returns' lambda (the paper's eq. 7)",
+    ),
+    HpMapping(
+        "world_model_lr",
+        ("dreamer",),
+        "torch.optim.Adam(lr=) over the encoder, RSSM, decoder, reward and continue heads",
+        "world model's learning rate",
+        "Adam eps 1e-8 and a global-norm clip of 1000, as crossrl's core and RLlib; not TorchRL's DreamerV3Optimizer",
+    ),
+    HpMapping("actor_lr", ("dreamer",), "torch.optim.Adam(lr=) over the actor", "actor's lr", "eps 1e-5, clip 100"),
+    HpMapping("critic_lr", ("dreamer",), "torch.optim.Adam(lr=) over the critic", "critic's lr", "eps 1e-5, clip 100"),
+    HpMapping("entropy_scale", ("dreamer",), "DreamerV3ActorLoss(entropy_bonus=)", "the actor's entropy bonus"),
+    HpMapping(
+        "buffer_size", ("dreamer",), "LazyTensorStorage(max_size=)", "replay capacity (entries, one per observation)"
+    ),
+    HpMapping("free_bits", ("dreamer",), "DreamerV3ModelLoss(free_bits=)", "both KL terms clamped below it"),
 )
 
 
@@ -267,7 +311,7 @@ def collector_class(trial: Trial) -> str:
 # native.torchrl cannot give them.
 _BUILT_BY_CROSSRL: dict[str, frozenset[str]] = {
     "loss": frozenset({"actor_network", "critic_network", "value_network", "qvalue_network", "actor", "critic",
-                       "action_space", "action_spec", "functional"}),
+                       "action_space", "action_spec", "functional", "world_model"}),
     "optimizer": frozenset({"params"}),
     "collector": frozenset({"create_env_fn", "policy", "policy_factory", "create_env_kwargs", "num_workers",
                             "collector_class", "init_fn", "postproc", "replay_buffer", "weight_updater"}),
@@ -277,9 +321,10 @@ _BUILT_BY_CROSSRL: dict[str, frozenset[str]] = {
 def native_classes(trial: Trial) -> dict[str, type]:
     """Section of ``native.torchrl`` -> the TorchRL (or torch) class its keyword arguments go to for ``trial``."""
     from torchrl import collectors
-    from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, SACLoss
+    from torchrl.objectives import A2CLoss, ClipPPOLoss, DQNLoss, DreamerV3ModelLoss, SACLoss
 
-    losses = {"ppo": ClipPPOLoss, "dqn": DQNLoss, "sac": SACLoss}
+    # dreamer: native.torchrl.loss goes to its world model's loss (the actor's and the critic's take none)
+    losses = {"ppo": ClipPPOLoss, "dqn": DQNLoss, "sac": SACLoss, "dreamer": DreamerV3ModelLoss}
     collector = collector_class(trial)
     return {
         "loss": losses.get(trial.algorithm, A2CLoss),
@@ -358,7 +403,12 @@ def allow_slow_weight_sync() -> None:
 
 
 def make_torchrl_env(
-    env_spec: EnvSpec, num_envs: int, *, batched: str = DEFAULT_TORCHRL_ENV, worker_process: bool = False
+    env_spec: EnvSpec,
+    num_envs: int,
+    *,
+    batched: str = DEFAULT_TORCHRL_ENV,
+    worker_process: bool = False,
+    transforms: Callable[[], list[Transform]] | None = None,
 ) -> EnvBase:
     """``num_envs`` copies of ``make_env(spec)`` in one batched env, with episode length/return counters.
 
@@ -366,6 +416,8 @@ def make_torchrl_env(
     ``AsyncVectorEnv`` in ``GymWrapper`` with autoreset disabled (TorchRL resets the envs that ended through the
     vector env's ``reset_mask``, as it resets a ``SerialEnv``'s); ``SerialEnv``, one ``GymWrapper`` per env stepped
     in turn through TorchRL's tensordicts (2.7x slower on CartPole, docs/layouts.md). The same envs either way.
+    ``transforms()``: the learner's own transforms, appended last (a recurrent policy's ``InitTracker`` and
+    ``TensorDictPrimer``: ``learner.env_transforms``), built anew in each process.
     Module-level (not a closure) so collector worker processes started with spawn can unpickle it.
     """
     if worker_process:
@@ -373,7 +425,7 @@ def make_torchrl_env(
         allow_slow_weight_sync()
     if batched == "SerialEnv":
         base = SerialEnv(num_envs, functools.partial(_gym_env, env_spec), serial_for_single=True, mp_start_method=None)
-        return TransformedEnv(base, Compose(StepCounter(), RewardSum()))
+        return TransformedEnv(base, Compose(StepCounter(), RewardSum(), *(transforms() if transforms else ())))
     if batched not in ("gym_sync", "gym_async"):
         raise ValueError(f"torchrl: batched env {batched!r} is not one of {', '.join(TORCHRL_ENVS)}")
     import gymnasium as gym
@@ -383,7 +435,10 @@ def make_torchrl_env(
     vec = (gym.vector.SyncVectorEnv(fns, autoreset_mode=mode) if batched == "gym_sync"
            else gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode))  # fmt: skip
     env = GymWrapper(vec, categorical_action_encoding=True)
-    return TransformedEnv(env, Compose(*_float32_transforms(env), *_clip_transforms(env), StepCounter(), RewardSum()))
+    extra = transforms() if transforms else ()
+    return TransformedEnv(
+        env, Compose(*_float32_transforms(env), *_clip_transforms(env), StepCounter(), RewardSum(), *extra)
+    )
 
 
 def _gym_env(env_spec: EnvSpec) -> EnvBase:
@@ -485,6 +540,9 @@ def frames_per_batch(trial: Trial) -> int:
         return ceil_to(int(trial.hp("train_batch")), envs)
     if algo == "impala":
         return int(trial.hp("rollout_fragment")) * envs
+    if algo == "dreamer":  # crossrl's core's fragment: one update of B x T per B x T / training_ratio env steps
+        replayed = int(trial.hp("batch_size_B")) * int(trial.hp("batch_length_T"))
+        return max(1, round(replayed / float(trial.hp("training_ratio")) / envs)) * envs * workers
     return int(trial.hp("rollout_fragment")) * envs * workers  # dqn, sac
 
 
@@ -498,9 +556,16 @@ def init_random_frames(trial: Trial, resumed: Resumed | None) -> int | None:
     return ceil_to(max(0, left), frames_per_batch(trial))
 
 
-def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = None) -> tuple[Any, dict[str, Any]]:
+def build_collector(
+    *,
+    trial: Trial,
+    policy: Any,
+    random_frames: int | None = None,
+    env_transforms: Callable[[], list[Transform]] | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """The collector for the trial and a JSON-able description of how it was built; ``random_frames``: its
-    ``init_random_frames`` (:func:`init_random_frames`), when not None."""
+    ``init_random_frames`` (:func:`init_random_frames`), when not None; ``env_transforms``: the learner's own env
+    transforms (:func:`make_torchrl_env`'s ``transforms``), when not None."""
     from torchrl.collectors import Collector
 
     fpb = frames_per_batch(trial)
@@ -514,8 +579,9 @@ def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = No
         cpus = min(1.0, available_cpus() / trial.workers)  # never ask for more than the cluster has
         remote = {"num_cpus": cpus, "num_gpus": 0}
         env_fn = functools.partial(
-            make_torchrl_env, trial.env, trial.envs_per_worker, batched=batched_env(trial.layout), worker_process=True
-        )
+            make_torchrl_env, trial.env, trial.envs_per_worker, batched=batched_env(trial.layout), worker_process=True,
+            transforms=env_transforms,
+        )  # fmt: skip
         # RayCollector treats total_frames=-1 as "nothing to collect" (it stops at once, measured), so give it
         # enough frames to reach the budget; the adapter still stops at sink.exhausted.
         steps = trial.budget.env_steps or UNBOUNDED_FRAMES  # a time budget: the sink says when to stop
@@ -540,6 +606,7 @@ def build_collector(*, trial: Trial, policy: Any, random_frames: int | None = No
         random_frames=random_frames,
         batched=batched_env(trial.layout),
         native=native_kwargs(trial, "collector"),
+        env_transforms=env_transforms,
     )
 
 
@@ -554,6 +621,7 @@ def local_collector(
     random_frames: int | None = None,
     batched: str = DEFAULT_TORCHRL_ENV,
     native: Mapping[str, Any] | None = None,
+    env_transforms: Callable[[], list[Transform]] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """A collector on this machine and a JSON-able description of how it was built; ``native``: the trial's
     ``native.torchrl.collector`` keyword arguments, over crossrl's own.
@@ -562,6 +630,7 @@ def local_collector(
     (sync, batches stacked) or ``MultiAsyncCollector`` over ``workers`` processes of one torch thread
     each, every one stepping :func:`make_torchrl_env` of ``envs_per_worker`` envs in the ``batched`` env.
     ``random_frames``: the collector's ``init_random_frames`` (counted over all workers' batches), when not None.
+    ``env_transforms``: appended to each worker's env (:func:`make_torchrl_env`).
     """
     from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
 
@@ -573,12 +642,14 @@ def local_collector(
     if random_frames is not None:
         common["init_random_frames"] = random_frames
     if workers == 1 and sync:
-        env = make_torchrl_env(env_spec, envs_per_worker, batched=batched)
+        env = make_torchrl_env(env_spec, envs_per_worker, batched=batched, transforms=env_transforms)
         common |= native or {}
         collector = Collector(env, policy, **common)
         return collector, {"class": "Collector", "kwargs": common}
     cls = MultiSyncCollector if sync else MultiAsyncCollector
-    env_fn = functools.partial(make_torchrl_env, env_spec, envs_per_worker, batched=batched, worker_process=True)
+    env_fn = functools.partial(
+        make_torchrl_env, env_spec, envs_per_worker, batched=batched, worker_process=True, transforms=env_transforms
+    )
     multi: dict[str, Any] = {**common, "num_threads": 1, "num_sub_threads": 1}
     if sync:
         multi["cat_results"] = "stack"
@@ -682,7 +753,12 @@ class TorchrlAdapter:
             )
         learner = build_learner(trial=trial, **learner_dims(trial.env))
         random_frames = init_random_frames(trial, sink.resumed())
-        collector, collector_desc = build_collector(trial=trial, policy=learner.policy, random_frames=random_frames)
+        collector, collector_desc = build_collector(
+            trial=trial,
+            policy=learner.policy,
+            random_frames=random_frames,
+            env_transforms=getattr(learner, "env_transforms", None),  # a recurrent policy's state on the env
+        )
         try:
             collector.set_seed(collector_seed(trial, sink.resumed()))
             layout = layout_label(trial, collector_desc["class"])
@@ -768,6 +844,9 @@ def export_policy(trial: Trial, folder: Path) -> Any:
     of its actor network's outputs), in [-1, 1]."""
     from crossrl.adapters.exported import GreedyPolicy, exportable_folder
 
+    if trial.algorithm == "dreamer":
+        raise ValueError(f"{trial.name}: export writes feed-forward policies; a dreamer policy acts through its world "
+                         "model's recurrent state (crossrl evaluate runs it)")  # fmt: skip
     folder = exportable_folder(trial, folder, multi_agent="a multi-agent trial's checkpoint holds one policy per group")
     state = read_state(folder)
     check_algorithm(state, trial.algorithm)

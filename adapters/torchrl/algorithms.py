@@ -1,6 +1,7 @@
 """TorchRL learners: what happens to each collected batch (losses, value estimators, optimiser steps).
 
-One learner per algorithm family (on-policy actor-critics, DQN, SAC). Each takes the batch a TorchRL collector
+One learner per algorithm family (on-policy actor-critics, DQN, SAC; DreamerV3's in
+:mod:`crossrl.adapters.torchrl.dreamer`, and :mod:`crossrl.adapters.torchrl.learners` builds either). Each takes the batch a TorchRL collector
 yields (time is the last batch dimension), trains on it, and returns how many env steps it trained on plus the losses
 under crossrl's common names. The adapter (:mod:`crossrl.adapters.torchrl.adapter`) owns envs, collectors, timing
 and the metric sink; this module owns only the maths that TorchRL provides.

@@ -1,5 +1,5 @@
 """RLlib's DreamerV3 through the adapter: the shared names reach DreamerV3Config, the fragment that makes RLlib's
-training ratio the spec's, the refusals (resume, evaluate / export, the other engines), a tiny real CartPole run."""
+training ratio the spec's, the refusals (resume, evaluate / export), a tiny real CartPole run."""
 
 from __future__ import annotations
 
@@ -10,10 +10,8 @@ from typing import Any
 import pytest
 
 from crossrl.adapters.base import ListSink
-from crossrl.adapters.registry import BUILTIN, require_supported
 from crossrl.adapters.rllib import adapter as R
 from crossrl.scenarios import metrics as M
-from crossrl.scenarios.loader import SpecError
 from crossrl.scenarios.spec import ScenarioSpec, Trial
 
 # RLlib runs in this process join one kept Ray (tests/conftest.py) instead of starting their own
@@ -64,13 +62,6 @@ def test_free_bits_rllib_hard_codes_are_refused_when_changed() -> None:
     (trial,) = make_trial(free_bits=0.5)
     with pytest.raises(ValueError, match=r"free_bits=0.5 cannot be set.*1 nat"):
         R.check_covered(trial)
-
-
-def test_torchrl_refuses_dreamer_in_one_line() -> None:
-    reason = BUILTIN["torchrl"].reason_unsupported("dreamer")
-    assert reason and "\n" not in reason and "DreamerV3 yet" in reason and "rllib" in reason
-    with pytest.raises(SpecError, match="dreamer"):
-        require_supported(make_trial(engines=("crossrl", "rllib", "torchrl")))
 
 
 def test_evaluate_and_export_refuse_dreamer(tmp_path: Path) -> None:

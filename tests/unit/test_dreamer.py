@@ -1,6 +1,6 @@
-"""dreamer (DreamerV3) in the suite's vocabulary: the spec takes it, its defaults resolve, the engine without it
-(TorchRL) refuses it in one line (`crossrl validate` exits 2 naming the trial), and `crossrl engines` shows the
-cells."""
+"""dreamer (DreamerV3) in the suite's vocabulary: the spec takes it, its defaults resolve, every engine takes it
+(`crossrl validate` passes; what one cannot run, MultiDiscrete actions or images, is refused in one line), and
+`crossrl engines` shows the cells."""
 
 from __future__ import annotations
 
@@ -56,35 +56,36 @@ def test_the_spec_checks_dreamers_values() -> None:
         ScenarioSpec.model_validate({**RAW, "execution": {"scaling": "strong"}})
 
 
-def test_torchrl_refuses_it_in_one_line() -> None:
-    refused = unsupported(ScenarioSpec.model_validate(RAW).trials())
-    assert [t.engine for t, _ in refused] == ["torchrl"]
-    for _, reason in refused:
-        assert "\n" not in reason and reason.startswith("crossrl's TorchRL adapter has no DreamerV3")
-        assert "run dreamer on crossrl or rllib (--engines)" in reason
-    assert BUILTIN["rllib"].reason_unsupported("dreamer") is None
-    assert BUILTIN["crossrl"].reason_unsupported("dreamer") is None
+def test_every_engine_takes_it() -> None:
+    assert unsupported(ScenarioSpec.model_validate(RAW).trials()) == []
+    for engine in ("crossrl", "rllib", "torchrl"):
+        assert BUILTIN[engine].reason_unsupported("dreamer") is None, engine
+    assert "Box (bounded)" in BUILTIN["torchrl"].spaces("dreamer")
 
 
-def test_validate_exits_2_naming_the_refused_trials(tmp_path: Path) -> None:
+def test_validate_passes_and_an_unrunnable_space_is_refused_in_one_line(tmp_path: Path) -> None:
     f = tmp_path / "d.yaml"
     f.write_text(yaml.safe_dump(RAW))
     out = CliRunner().invoke(app, ["validate", str(f)])
-    assert out.exit_code == 2, out.output
-    lines = [line for line in out.stderr.splitlines() if "DreamerV3" in line]
-    assert len(lines) == 1 and "dreamer" in lines[0] and "torchrl" in lines[0], out.stderr
+    assert out.exit_code == 0, out.output
+    from crossrl.adapters.torchrl.learners import build_learner
+
+    (trial,) = [t for t in ScenarioSpec.model_validate(RAW).trials() if t.engine == "torchrl"]
+    with pytest.raises(ValueError, match=r"^torchrl: dreamer takes Discrete or Box actions; CartPole-v1 has Multi"):
+        build_learner(trial=trial, obs_shape=(4,), nvec=(2, 3))
 
 
 def test_engines_shows_the_dreamer_cells() -> None:
     out = CliRunner().invoke(app, ["engines"], env={"COLUMNS": "400"})
     assert out.exit_code == 0, out.output
     [row] = [line for line in out.stdout.splitlines() if line.lstrip("│ ").startswith("dreamer")]
-    assert row.count("no:") == 1 and "yes: DreamerV3" in row and "yes: sync_replay over a sequence buffer" in row
+    assert "no:" not in row and "yes: DreamerV3: RLlib's" in row and "yes: sync_replay over a sequence buffer" in row
+    assert "yes: DreamerV3 from TorchRL's" in row
 
 
-def test_the_builtin_scenario_runs_dreamer_on_crossrl_and_rllib() -> None:
+def test_the_builtin_scenario_runs_dreamer_on_every_engine() -> None:
     spec, _ = load("cartpole-dreamer")
-    assert spec.algorithm.name == "dreamer" and spec.engines == ("crossrl", "rllib")
+    assert spec.algorithm.name == "dreamer" and spec.engines == ("crossrl", "rllib", "torchrl")
     assert unsupported(spec.trials()) == []
 
 
