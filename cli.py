@@ -1670,7 +1670,7 @@ def bench_sac_cmd(
 @bench_app.command("dreamer")
 def bench_dreamer_cmd(
     env_id: Annotated[str, typer.Option("--env", help="a gymnasium id with flat observations")] = "CartPole-v1",
-    engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib",
+    engines_: Annotated[str, typer.Option("--engines")] = "crossrl,rllib,torchrl",
     env_steps: Annotated[int, typer.Option("--env-steps", min=200, help="env steps per trial")] = 2000,
     json_out: JsonOut = None,
     tracking_uri: TrackingUri = None,

@@ -672,7 +672,7 @@ def _limit_process(module: str, args: list[str], seconds: float, label: str, pro
 def bench_dreamer(
     *,
     env_id: str = "CartPole-v1",
-    engines: Sequence[str] = ("crossrl", "rllib"),
+    engines: Sequence[str] = ("crossrl", "rllib", "torchrl"),
     env_steps: int = 2000,
     hyperparams: dict[str, Any] | None = None,
     limit_seconds: float = 20.0,
