@@ -2,7 +2,7 @@
 trial, ``build_algo()`` and ``train()`` in a plain loop on the gymnasium env; nothing of crossrl's adapter.
 
 What is taken from the stored config: every setting in which it differs from the algorithm's own defaults (RLlib's
-``to_dict()`` of a fresh ``PPOConfig()`` / ``IMPALAConfig()``): that is what crossrl chose, and nothing else is
+``to_dict()`` of a fresh ``PPOConfig()`` / ``IMPALAConfig()`` / ``SACConfig()`` / ``DreamerV3Config()``): that is what crossrl chose, and nothing else is
 changed. What is replaced: ``env`` (crossrl's registered creator: here the gymnasium id, made by RLlib itself),
 ``env_config`` (crossrl's env spec: empty) and the episode callbacks (crossrl's: here one that lists each finished
 episode's return and length, so both sides are measured alike, and one that tells the stall watchdog an env
@@ -80,14 +80,16 @@ def settings_from(
 def native_config(
     algorithm: str, stored: Mapping[str, Any], env_id: str, env_kwargs: Mapping[str, Any]
 ) -> tuple[Any, dict[str, Any]]:
-    """RLlib's config for its own loop: a fresh ``PPOConfig`` / ``IMPALAConfig`` / ``SACConfig`` with the stored
+    """RLlib's config for its own loop: a fresh ``PPOConfig`` / ``IMPALAConfig`` / ``SACConfig`` / ``DreamerV3Config``
+    with the stored
     settings (:func:`settings_from`), the gymnasium env by its id and this loop's two episode callbacks; and the
     settings taken."""
+    from ray.rllib.algorithms.dreamerv3 import DreamerV3Config
     from ray.rllib.algorithms.impala import IMPALAConfig
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.algorithms.sac import SACConfig
 
-    cls = {"ppo": PPOConfig, "impala": IMPALAConfig, "sac": SACConfig}[algorithm]
+    cls = {"ppo": PPOConfig, "impala": IMPALAConfig, "sac": SACConfig, "dreamer": DreamerV3Config}[algorithm]
     settings = settings_from(stored, cls().to_dict(), replaced=SAC_REPLACED if algorithm == "sac" else REPLACED)
     config = cls().update_from_dict(settings)
     config.environment(env=env_id, env_config=dict(env_kwargs)).callbacks(
@@ -104,6 +106,7 @@ class RllibNativeLoop:
         "ppo": "PPOConfig from the stored native config; build_algo(); train() in a loop",
         "impala": "IMPALAConfig from the stored native config; build_algo(); train() in a loop",
         "sac": "SACConfig from the stored native config with RLlib's own critics and warm-up; build_algo(); train()",
+        "dreamer": "DreamerV3Config from the stored native config; build_algo(); train() in a loop",
     }
 
     def run(self, trial: Trial, sink: MetricSink) -> None:

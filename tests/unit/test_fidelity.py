@@ -110,3 +110,24 @@ def test_a_seed_that_missed_the_target_counts_as_worst_and_leaves_the_ratio() ->
     assert row.ratio == pytest.approx(1.0) and row.within_noise  # the 7 pairs are equal
     # the same values on both sides (P = 0.5) but one miss, which loses every comparison it is in
     assert row.p_adapter_better < 0.5
+
+
+def test_rllib_loop_rebuilds_the_adapters_dreamer_config() -> None:
+    """RLlib's own loop for a dreamer trial: a fresh ``DreamerV3Config`` takes the adapter's stored settings (model
+    size, training ratio, the fragment that makes it) through JSON, and none of crossrl's objects."""
+    import json
+
+    from crossrl.adapters.rllib import adapter as R
+    from crossrl.measure.fidelity import rllib_loop
+    from crossrl.scenarios.loader import load
+
+    trial = next(t for t in load("cartpole-dreamer")[0].trials() if t.engine == "rllib")
+    built = R.build_config(trial, plan=R.ResourcePlan(1, 1.0, 0, ""), env_name="crossrl-registered")
+    stored = json.loads(json.dumps(R.native_config(built), default=repr))
+    config, settings = rllib_loop.native_config("dreamer", stored, "CartPole-v1", {})
+    assert type(config).__name__ == "DreamerV3Config" and config.env == "CartPole-v1"
+    assert settings["model_size"] == "nano" and settings["training_ratio"] == 64
+    assert config.model_size == "nano" and config.training_ratio == 64
+    assert config.rollout_fragment_length == built.rollout_fragment_length
+    assert config.callbacks_on_episode_end is rllib_loop._on_episode_end
+    assert "env" not in settings and "callbacks_on_episode_end" not in settings
