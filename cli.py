@@ -423,18 +423,6 @@ def _overrides_text(overrides: dict[str, Any]) -> str:
     return "; ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in overrides.items())
 
 
-# Algorithms some engines do not resume yet -> (those engines, why); a run whose engines are all among them is refused
-# at once (adapters/rllib/adapter.py NO_RESUME says the same for a trial that gets there another way).
-_NO_RESUME: dict[str, tuple[frozenset[str], str]] = {
-    "dreamer": (
-        frozenset({"rllib"}),
-        "rllib does not resume dreamer trials yet (RLlib's DreamerV3 keeps its replay buffer and recurrent env "
-        "runner state outside crossrl's checkpoints); run it again without --resume, or resume its crossrl trials "
-        "(--engines crossrl)",
-    ),
-}
-
-
 def _spec_to_resume(scenario: Any, path: Path, overrides: dict[str, Any], resume: str, store: Any) -> Any:
     """The spec the run to resume stored at its start (its overrides and its selection of engines, workers and seeds
     applied): no flag needs repeating. Exit 2 naming the fields when the spec file changed since, or when flags given
@@ -544,10 +532,6 @@ def run(
     overrides = _overrides(engines_, workers, seeds, steps, sets)
     scenario, path = _load(spec, overrides)
     store = None  # opened once a run is sure to start (bad input stores nothing), or at once to resume one
-    if resume is not None and scenario.algorithm.name in _NO_RESUME:
-        engines_refusing, why = _NO_RESUME[scenario.algorithm.name]
-        if set(scenario.engines) <= engines_refusing:
-            _fail([f"--resume: {path.name}: {why}"])
     if resume is not None:  # finish what that run set out to do: its own spec, overrides and selection
         store = _store_or_fail(tracking_uri, results_dir)
         scenario = _spec_to_resume(scenario, path, overrides, resume, store)

@@ -774,22 +774,25 @@ def greedy_act(algo: Any, *, sac: bool = False) -> Callable[[Any], Any]:
 
 # -- checkpoints ----------------------------------------------------------------------------------
 
-# Algorithms whose checkpoints crossrl does not restore yet, with why (a resumed trial of one is refused before
-# anything trains). DreamerV3 keeps its replay buffer in ``algo.replay_buffer``, not the ``local_replay_buffer``
-# save_engine writes, and its recurrent policy state is the env runner's own: a restore through the generic path is
-# untested against RLlib 2.60, so it is refused rather than resumed on half a state.
-NO_RESUME: Final[dict[str, str]] = {
-    "dreamer": "rllib does not resume dreamer trials yet (DreamerV3's replay buffer and recurrent env runner state "
-    "are not in crossrl's RLlib checkpoints); run it again without --resume",
-}
 NO_POLICY: Final[dict[str, str]] = {
     "dreamer": "rllib: a dreamer policy acts through its world model's recurrent state (DreamerV3's env runner); "
     "crossrl evaluate and export do not run it yet",
 }
 
 REPLAY_FILE: Final = "replay_buffer.pkl"
-"""DQN's and SAC's replay buffer (``get_state()``), beside RLlib's own files: ``Algorithm.save_to_path`` leaves it
-out."""
+"""DQN's, SAC's and DreamerV3's replay buffer (``get_state()``), beside RLlib's own files: ``Algorithm.save_to_path``
+leaves it out."""
+
+
+def replay_buffer_of(algo: Any, algorithm: str) -> Any:
+    """The replay buffer the algorithm trains from, None for PPO and IMPALA: DQN's and SAC's ``local_replay_buffer``;
+    DreamerV3's own ``replay_buffer`` (RLlib 2.60's DreamerV3 builds a ``local_replay_buffer`` too, from its config,
+    and reads only its metrics: the episodes it replays are in ``replay_buffer``)."""
+    if algorithm == "dreamer":
+        return algo.replay_buffer
+    return getattr(algo, "local_replay_buffer", None)
+
+
 ALPHA_FILE: Final = "sac_log_alpha.json"
 """SAC's temperature (module id -> ``log alpha``), which ``save_to_path`` leaves out too (:mod:`.sac`)."""
 
@@ -850,8 +853,12 @@ def save_engine(algo: Any, folder: Path, *, algorithm: str = "", replay: bool = 
     """The algorithm's whole training state into ``folder`` (the sink's ``save``): RLlib's ``save_to_path``
     (``learner_group/``: the RLModules, target networks included, and the optimizers' state; ``env_runner/``: the
     connector states; ``algorithm_state.pkl``: the metrics logger with the lifetime counters, the training
-    iteration), DQN's and SAC's replay buffer (:data:`REPLAY_FILE`; not when ``replay`` is False:
-    ``checkpoint.replay_buffer: false``) and SAC's temperature (:data:`ALPHA_FILE`). Returns what it holds."""
+    iteration), DQN's, SAC's and DreamerV3's replay buffer (:data:`REPLAY_FILE`; not when ``replay`` is False:
+    ``checkpoint.replay_buffer: false``) and SAC's temperature (:data:`ALPHA_FILE`). Returns what it holds.
+
+    DreamerV3's recurrent acting state (the env runner's per-episode ``h``, ``z`` and previous action) is not saved:
+    a resumed trial's envs start new episodes, whose state starts at zeros as every episode's does; the episode in
+    flight at the save is cut there (its steps so far are in the replay buffer, which ends it as truncated)."""
     from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
 
     folder = Path(folder).resolve()  # pyarrow (RLlib's file system layer) refuses relative paths
@@ -862,7 +869,7 @@ def save_engine(algo: Any, folder: Path, *, algorithm: str = "", replay: bool = 
         "rllib_env_steps_sampled": _peek(algo, ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME),
         "rllib_training_iteration": int(algo.iteration),
     }
-    buffer = getattr(algo, "local_replay_buffer", None)
+    buffer = replay_buffer_of(algo, algorithm)
     if buffer is not None and replay:
         with open(folder / REPLAY_FILE, "wb") as f:
             pickle.dump(buffer.get_state(), f, protocol=pickle.HIGHEST_PROTOCOL)
@@ -941,9 +948,9 @@ def push_to_env_runners(algo: Any) -> int:
     return len(done)
 
 
-def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None) -> dict[str, Any]:
+def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None, algorithm: str = "") -> dict[str, Any]:
     """Restores ``algo`` (built from the trial's config, not trained yet) from an engine folder :func:`save_engine`
-    wrote: RLlib's ``restore_from_path``, DQN's and SAC's replay buffer, SAC's temperature, the learning rate ``lr``
+    wrote: RLlib's ``restore_from_path``, DQN's, SAC's and DreamerV3's replay buffer, SAC's temperature, the learning rate ``lr``
     (one for every optimizer, or one per optimizer name) re-applied to every optimizer
     (``torch.optim.Optimizer.load_state_dict`` restores the saved one, and RLlib's scheduler sets the config's only
     after the next update: Population Based Training changes ``lr`` between a save and a restore), then
@@ -951,7 +958,7 @@ def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None) ->
     path = Path(path).resolve()
     algo.restore_from_path(path)
     done: dict[str, Any] = {"restored_from": str(path)}
-    buffer = getattr(algo, "local_replay_buffer", None)
+    buffer = replay_buffer_of(algo, algorithm)
     if buffer is not None and (path / REPLAY_FILE).is_file():
         with open(path / REPLAY_FILE, "rb") as f:
             buffer.set_state(pickle.load(f))
@@ -969,6 +976,9 @@ def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None) ->
     return done
 
 
+DREAMER_OPTIMIZERS: Final = ("world_model", "actor", "critic")  # DreamerV3TorchLearner's optimizer names (2.60)
+
+
 def trial_learning_rates(trial: Trial) -> float | dict[str, float]:
     """The learning rate a restored trial's optimizers continue with: its ``lr``, or SAC's per optimizer name."""
     native = trial.native.get("training", {})  # a native learning rate (native.rllib.training) wins, as it did
@@ -976,6 +986,8 @@ def trial_learning_rates(trial: Trial) -> float | dict[str, float]:
         from crossrl.adapters.rllib.sac import OPTIMIZER_LR
 
         return {name: float(native.get(key, trial.hp(key))) for name, key in OPTIMIZER_LR.items()}
+    if trial.algorithm == "dreamer":  # RLlib's DreamerV3 learner names its three optimizers so
+        return {name: float(native.get(f"{name}_lr", trial.hp(f"{name}_lr"))) for name in DREAMER_OPTIMIZERS}
     return float(native.get("lr", trial.hp("lr")))
 
 
@@ -1137,8 +1149,6 @@ class RllibAdapter:
             register_env(env_name, vector_env_creator if vector else env_creator)
             config = build_config(trial, plan=plan, env_name=env_name)
             resumed = sink.resumed()
-            if resumed is not None and trial.algorithm in NO_RESUME:
-                raise ValueError(f"{trial.name}: {NO_RESUME[trial.algorithm]}")
             if resumed is not None:  # the runners' envs and sampling from fresh seeds (resume_seed)
                 config.debugging(seed=resume_seed(trial, resumed))
             algo = config.build_algo()
@@ -1162,7 +1172,7 @@ class RllibAdapter:
                 to_point = functools.partial(result_to_point, algorithm=trial.algorithm, epochs=epochs)
             offsets = StepOffsets()
             if resumed is not None:
-                restored = restore(algo, resumed.path, lr=trial_learning_rates(trial))
+                restored = restore(algo, resumed.path, lr=trial_learning_rates(trial), algorithm=trial.algorithm)
                 sampled, trained = engine_counters(algo, algorithm=trial.algorithm, epochs=int(config.num_epochs))
                 offsets = StepOffsets.at_restore(resumed, engine_sampled=sampled, engine_trained=trained)
                 restored |= {"rllib_env_steps_sampled": sampled, "step_offsets": [offsets.sampled, offsets.trained]}

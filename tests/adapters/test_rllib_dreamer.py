@@ -1,5 +1,6 @@
 """RLlib's DreamerV3 through the adapter: the shared names reach DreamerV3Config, the fragment that makes RLlib's
-training ratio the spec's, the refusals (resume, evaluate / export), a tiny real CartPole run."""
+training ratio the spec's, the refusals (evaluate / export), a tiny real CartPole run that checkpoints its replay
+buffer, and a trial resumed from one of its checkpoints."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ pytestmark = pytest.mark.usefixtures("ray_cluster")
 TINY = {"model_size": "nano", "batch_size_B": 4, "batch_length_T": 16, "training_ratio": 4.0, "horizon_H": 5}
 
 
-def make_trial(*, env_steps: int = 300, engines: tuple[str, ...] = ("rllib",), **hp: Any) -> list[Trial]:
+def make_trial(
+    *, env_steps: int = 300, engines: tuple[str, ...] = ("rllib",), checkpoint: dict[str, Any] | None = None, **hp: Any
+) -> list[Trial]:
     spec = ScenarioSpec.model_validate(
         {
+            **({"checkpoint": checkpoint} if checkpoint else {}),
             "name": "rllib-dreamer-test",
             "env": {"id": "CartPole-v1"},
             "algorithm": {"name": "dreamer", "hyperparams": {**TINY, **hp}},
@@ -73,18 +77,60 @@ def test_evaluate_and_export_refuse_dreamer(tmp_path: Path) -> None:
 
 
 @pytest.mark.long
-def test_a_tiny_cartpole_run_reports_points() -> None:
-    (trial,) = make_trial(env_steps=300)
+def test_a_tiny_cartpole_run_checkpoints_its_replay_and_a_resumed_trial_counts_on(tmp_path: Path) -> None:
+    """A tiny trial reports points and checkpoints DreamerV3's replay buffer (``algo.replay_buffer``) beside RLlib's
+    files; a fresh algorithm restored from the first checkpoint holds that replay, the learner's three learning rates
+    and the checkpoint's counters; a trial resumed from it goes on from there to the budget."""
+    from ray.tune.registry import register_env
+
+    from crossrl.adapters import checkpoints
+    from crossrl.core.cluster import free_cpus
+
+    (trial,) = make_trial(env_steps=400, checkpoint={"every_env_steps": 200})
+    trial = trial.model_copy(update={"checkpoint_dir": str(tmp_path / "ck")})
     sink = ListSink(trial)
     t0 = time.perf_counter()
     R.RllibAdapter().run(trial, sink)
     took = time.perf_counter() - t0
     points = [m for m in sink.messages if m["kind"] == "point"]
     assert points and sink.exhausted, sink.messages[-3:]
-    assert points[-1]["step"] >= 300
+    assert points[-1]["step"] >= 400
     last = sink.points[-1]
     for name in (M.POLICY_LOSS, M.VALUE_LOSS, M.DIAG_WORLD_MODEL_LOSS, M.DIAG_UPDATES):
         assert name in last, sorted(last)
-    assert last[M.DIAG_UPDATES] >= 300 / 16 - 1  # one update per 16 env steps after the 64-step warm-up
+    assert last[M.DIAG_UPDATES] >= 400 / 16 - 1  # one update per 16 env steps after the 64-step warm-up
     assert any(sink.points[i].get(M.EPISODE_RETURN_MEAN) for i in range(len(points)))
     print(f"tiny dreamer run: {took:.1f} s, {len(points)} points, {last[M.DIAG_UPDATES]:.0f} updates")
+
+    first = checkpoints.checkpoints(tmp_path / "ck")[-1]  # newest first
+    meta = checkpoints.read_meta(first)
+    step, state = int(meta["env_steps_sampled"]), meta["engine_state"]
+    assert 200 <= step < 400 and state["replay_buffer"] == R.REPLAY_FILE
+    assert 64 <= state["replay_env_steps"] <= step  # DreamerV3's episodes, not the unused local_replay_buffer's 0
+
+    name = "crossrl-dreamer-ckpt-test"
+    register_env(name, R.env_creator)
+    plan = R.plan_resources(algorithm="dreamer", workers=1, available_cpus=free_cpus())
+    algo = R.build_config(trial, plan=plan, env_name=name).build_algo()
+    try:
+        assert algo.replay_buffer.get_num_timesteps() == 0
+        lrs = R.trial_learning_rates(trial)
+        assert lrs == {"world_model": trial.hp("world_model_lr"), "actor": trial.hp("actor_lr"),
+                       "critic": trial.hp("critic_lr")}  # fmt: skip
+        done = R.restore(algo, first / checkpoints.ENGINE_DIR, lr=lrs, algorithm="dreamer")
+        assert done["replay_env_steps"] == state["replay_env_steps"] == algo.replay_buffer.get_num_timesteps()
+        assert done["lr"] == sorted(set(lrs.values()))
+        assert R.engine_counters(algo, algorithm="dreamer")[0] == step
+    finally:
+        algo.stop()
+
+    resumed = trial.model_copy(update={"checkpoint_dir": str(tmp_path / "ck2"), "resume_from": str(first)})
+    sink = ListSink(resumed)
+    R.RllibAdapter().run(resumed, sink)
+    (setup,) = [m for m in sink.messages if m["kind"] == "setup"]
+    assert setup["resumed_env_step"] == step
+    steps = [int(p[M.ENV_STEPS_SAMPLED]) for p in sink.points]
+    assert steps[0] > step and steps[-1] >= 400 and sink.exhausted  # on from the checkpoint's, never from 0
+    # no second warm-up of B x T random steps, and the updates go on from the checkpoint's count at the ratio
+    assert steps[-1] <= 400 + 100 + 16
+    assert sink.points[-1][M.DIAG_UPDATES] >= last[M.DIAG_UPDATES] - 2

@@ -89,10 +89,9 @@ def test_the_builtin_scenario_runs_dreamer_on_every_engine() -> None:
     assert unsupported(spec.trials()) == []
 
 
-def test_resume_is_refused_for_rllibs_dreamer_trials_only(tmp_path: Path) -> None:
+def test_resume_of_dreamer_runs_goes_to_the_store_on_every_engine(tmp_path: Path) -> None:
+    """No engine refuses --resume of a dreamer run: with nothing stored, each is told there is no run to resume."""
     results = ["--no-report", "--results-dir", str(tmp_path / "r")]
-    out = CliRunner().invoke(app, ["run", "cartpole-dreamer", "--engines", "rllib", "--resume", *results])
-    assert out.exit_code == 2 and "rllib does not resume dreamer trials yet" in out.stderr, out.output
-    # crossrl's core resumes them: the refusal does not come (there is no run to resume in an empty store instead)
-    out = CliRunner().invoke(app, ["run", "cartpole-dreamer", "--engines", "crossrl", "--resume", *results])
-    assert out.exit_code != 0 and "does not resume dreamer" not in out.output, out.output
+    for engine in ("crossrl", "rllib", "torchrl"):
+        out = CliRunner().invoke(app, ["run", "cartpole-dreamer", "--engines", engine, *results, "--resume", "latest"])
+        assert out.exit_code == 2 and "no results for scenario 'cartpole-dreamer'" in out.stderr, out.output
