@@ -8,6 +8,9 @@ started die at once) and continued with `crossrl run --resume` learns on from it
 - CartPole PPO (``cartpole-ppo``, 1 seed), killed at about half of its env steps to target (20,000; RLlib 45,000 of a
   200,000 budget, room past its target):
   still reaches the target; then `crossrl evaluate` (20 greedy episodes) of its final policy returns at least 450.
+- DreamerV3 on CartPole (``cartpole-dreamer``, 1 seed, one worker, its 4,000-env-step budget), killed at half of it:
+  FINISHED within budget + one checkpoint interval + one iteration, one continuous curve, the replay buffer and the
+  world model restored (its losses go on from where they were, not from a fresh model's).
 
 Each case appends a row to ``crossrl-results/learning/resume.md`` (with each checkpoint's write time and the cost of
 checkpoints at the default interval, ``checkpoint.every_seconds`` = 300, as a share of training time).
@@ -41,7 +44,9 @@ CLI = [sys.executable, "-m", "crossrl.cli"]
 CASES = {  # scenario: (env steps budget, checkpoint interval, kill once a checkpoint at or past this env step exists)
     "minatar-breakout-ppo": (150_000, 15_000, 90_000),
     "cartpole-ppo": (100_000, 5_000, 20_000),
+    "cartpole-dreamer": (4_000, 1_000, 2_000),
 }
+WORKERS = {"cartpole-dreamer": 1}  # DreamerV3: one worker, one env, as its scenario runs
 # CartPole on RLlib: its PPO reaches 450 near the end of the 100,000 budget when unkilled (median 94,773 env steps over
 # seeds 0-2; seed 0 not at all, final return 211 at 103,081), and a resumed trial's env runners follow another random
 # stream than the unkilled one's, so at 100,000 a resume could not be told from a seed's luck. RLlib's case gets room
@@ -62,7 +67,7 @@ def _spec(tmp: Path, scenario: str, engine: str) -> tuple[Path, ScenarioSpec]:
         checkpoint={"every_env_steps": every, "keep": 3},
     )
     raw["budget"] = {**raw["budget"], "env_steps": budget, "stop_at_target": False}
-    raw["execution"] = {**raw.get("execution", {}), "workers": [2]}
+    raw["execution"] = {**raw.get("execution", {}), "workers": [WORKERS.get(scenario, 2)]}
     path = tmp / f"{raw['name']}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path, ScenarioSpec.model_validate(raw)
@@ -128,6 +133,11 @@ def test_a_trial_killed_part_way_resumes_and_learns_on(scenario: str, engine: st
     gained = statistics.mean(last_before) - random_mean
     if gained > 0:  # not back at random play: at least half of what was learned is there after the resume
         assert statistics.mean(first_after) >= random_mean + 0.5 * gained, (last_before, first_after, random_mean)
+    if spec.algorithm.name == "dreamer":  # the world model came back: its loss nearer where it was than a fresh one's
+        wm = M.DIAG_WORLD_MODEL_LOSS
+        losses_before = [p[wm] for _, p in before if p.get(wm) is not None]
+        first_loss_after = next(p[wm] for s, p in after if s > resumed_at and p.get(wm) is not None)
+        assert first_loss_after < (losses_before[0] + losses_before[-1]) / 2, (losses_before, first_loss_after)
     greedy = ""
     if scenario == "cartpole-ppo":
         hit = [s for s, r in returns if r >= (spec.target.episode_return_mean or 0)]
