@@ -8,7 +8,8 @@ started die at once) and continued with `crossrl run --resume` learns on from it
 - CartPole PPO (``cartpole-ppo``, 1 seed), killed at about half of its env steps to target (20,000; RLlib 45,000 of a
   200,000 budget, room past its target):
   still reaches the target; then `crossrl evaluate` (20 greedy episodes) of its final policy returns at least 450.
-- DreamerV3 on CartPole (``cartpole-dreamer``, 1 seed, one worker, its 4,000-env-step budget), killed at half of it:
+- DreamerV3 on CartPole (``cartpole-dreamer`` with the nano model at ratio 64, 1 seed, one worker, 4,000 env steps),
+  killed at half of them:
   FINISHED within budget + one checkpoint interval + one iteration, one continuous curve, the replay buffer and the
   world model restored (its losses go on from where they were, not from a fresh model's).
 
@@ -47,6 +48,9 @@ CASES = {  # scenario: (env steps budget, checkpoint interval, kill once a check
     "cartpole-dreamer": (4_000, 1_000, 2_000),
 }
 WORKERS = {"cartpole-dreamer": 1}  # DreamerV3: one worker, one env, as its scenario runs
+# a kill and a resume need no learning: DreamerV3's smallest model at ratio 64 (one update per 16 env steps), some
+# 4x cheaper than the scenario's mini model at ratio 256
+HYPERPARAMS = {"cartpole-dreamer": {"model_size": "nano", "training_ratio": 64}}
 # CartPole on RLlib: its PPO reaches 450 near the end of the 100,000 budget when unkilled (median 94,773 env steps over
 # seeds 0-2; seed 0 not at all, final return 211 at 103,081), and a resumed trial's env runners follow another random
 # stream than the unkilled one's, so at 100,000 a resume could not be told from a seed's luck. RLlib's case gets room
@@ -67,6 +71,7 @@ def _spec(tmp: Path, scenario: str, engine: str) -> tuple[Path, ScenarioSpec]:
         checkpoint={"every_env_steps": every, "keep": 3},
     )
     raw["budget"] = {**raw["budget"], "env_steps": budget, "stop_at_target": False}
+    raw["algorithm"]["hyperparams"] = {**raw["algorithm"].get("hyperparams", {}), **HYPERPARAMS.get(scenario, {})}
     raw["execution"] = {**raw.get("execution", {}), "workers": [WORKERS.get(scenario, 2)]}
     path = tmp / f"{raw['name']}.yaml"
     path.write_text(yaml.safe_dump(raw))

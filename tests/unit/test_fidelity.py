@@ -126,8 +126,8 @@ def test_rllib_loop_rebuilds_the_adapters_dreamer_config() -> None:
     stored = json.loads(json.dumps(R.native_config(built), default=repr))
     config, settings = rllib_loop.native_config("dreamer", stored, "CartPole-v1", {})
     assert type(config).__name__ == "DreamerV3Config" and config.env == "CartPole-v1"
-    assert settings["model_size"] == "nano" and settings["training_ratio"] == 64
-    assert config.model_size == "nano" and config.training_ratio == 64
+    assert settings["model_size"] == trial.hp("model_size") == config.model_size
+    assert settings["training_ratio"] == trial.hp("training_ratio") == config.training_ratio
     assert config.rollout_fragment_length == built.rollout_fragment_length
     assert config.callbacks_on_episode_end is rllib_loop._on_episode_end
     assert "env" not in settings and "callbacks_on_episode_end" not in settings
