@@ -137,12 +137,13 @@ def save_state(folder: Path, state: Mapping[str, Any]) -> None:
     torch.save(dict(state), folder / LEARNER_FILE)
 
 
-def save_with_replay(folder: Path, state: Mapping[str, Any], buffer: ReplayBuffer) -> list[str]:
-    """A replay learner's checkpoint: ``state`` (:data:`LEARNER_FILE`) and its replay buffer (``ReplayBuffer.dumps``
-    into :data:`REPLAY_DIR`: the pre-allocated storage, memory-mapped, and the writer's cursor); the files written."""
+def save_with_replay(folder: Path, state: Mapping[str, Any], buffer: ReplayBuffer, *, replay: bool = True) -> list[str]:
+    """A replay learner's checkpoint: ``state`` (:data:`LEARNER_FILE`) and (``replay``: ``checkpoint.replay_buffer``)
+    its replay buffer (``ReplayBuffer.dumps`` into :data:`REPLAY_DIR`: the pre-allocated storage, memory-mapped, and
+    the writer's cursor); the files written."""
     save_state(folder, state)
     files = [LEARNER_FILE]
-    if len(buffer):  # TorchRL cannot dump a storage that holds nothing yet
+    if replay and len(buffer):  # TorchRL cannot dump a storage that holds nothing yet
         buffer.dumps(folder / REPLAY_DIR)
         files.append(REPLAY_DIR)
     return files
@@ -999,11 +1000,7 @@ class SACLearner:
         the writer's cursor), so a resumed trial trains on the transitions it had; without the buffer when
         ``checkpoint.replay_buffer`` is false."""
         keep = self.trial.checkpoint.replay_buffer
-        if keep:
-            files = save_with_replay(folder, self.state_dict(), self.buffer)
-        else:
-            save_state(folder, self.state_dict())
-            files = [LEARNER_FILE]
+        files = save_with_replay(folder, self.state_dict(), self.buffer, replay=keep)
         return {"learner": type(self).__name__, "algorithm": self.algo, "updates": self.updates,
                 "replay_size": len(self.buffer) if keep else 0,
                 "alpha": float(self.loss.log_alpha.detach().exp()), "files": files}  # fmt: skip

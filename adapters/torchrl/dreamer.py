@@ -76,14 +76,12 @@ from torchrl.objectives import DreamerV3ActorLoss, DreamerV3ModelLoss, DreamerV3
 from torchrl.objectives.dreamer_v3 import categorical_kl_terms, symlog
 
 from crossrl.adapters.torchrl.algorithms import (
-    LEARNER_FILE,
     REPLAY_DIR,
     check_algorithm,
     load_optimizer,
     native_kwargs,
     optimizer_lr,
     restore_with_replay,
-    save_state,
     save_with_replay,
 )
 from crossrl.core.dreamer_policy import DREAMER_SIZES, MAX_STD, MIN_STD, UNIMIX, NonFiniteError
@@ -582,11 +580,7 @@ class DreamerLearner:
         """:meth:`state_dict` and (``checkpoint.replay_buffer``) the replay (``ReplayBuffer.dumps``: the storage's
         entries and the writer's cursor)."""
         keep = self.trial.checkpoint.replay_buffer
-        if keep:
-            files = save_with_replay(folder, self.state_dict(), self.buffer)
-        else:
-            save_state(folder, self.state_dict())
-            files = [LEARNER_FILE]
+        files = save_with_replay(folder, self.state_dict(), self.buffer, replay=keep)
         return {"learner": type(self).__name__, "algorithm": self.algo, "updates": self.updates,
                 "replay_size": len(self.buffer) if keep else 0, "files": files}  # fmt: skip
 
