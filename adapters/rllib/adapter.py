@@ -857,8 +857,8 @@ def save_engine(algo: Any, folder: Path, *, algorithm: str = "", replay: bool = 
     ``checkpoint.replay_buffer: false``) and SAC's temperature (:data:`ALPHA_FILE`). Returns what it holds.
 
     DreamerV3's recurrent acting state (the env runner's per-episode ``h``, ``z`` and previous action) is not saved:
-    a resumed trial's envs start new episodes, whose state starts at zeros as every episode's does; the episode in
-    flight at the save is cut there (its steps so far are in the replay buffer, which ends it as truncated)."""
+    a resumed trial's envs start new episodes, whose state starts at zeros as every episode's does; the steps of the
+    episode in flight at the save stay in the saved replay buffer."""
     from ray.rllib.utils.metrics import ENV_RUNNER_RESULTS, NUM_ENV_STEPS_SAMPLED_LIFETIME
 
     folder = Path(folder).resolve()  # pyarrow (RLlib's file system layer) refuses relative paths
@@ -950,8 +950,8 @@ def push_to_env_runners(algo: Any) -> int:
 
 def restore(algo: Any, path: Path, *, lr: float | Mapping[str, float] | None, algorithm: str = "") -> dict[str, Any]:
     """Restores ``algo`` (built from the trial's config, not trained yet) from an engine folder :func:`save_engine`
-    wrote: RLlib's ``restore_from_path``, DQN's, SAC's and DreamerV3's replay buffer, SAC's temperature, the learning rate ``lr``
-    (one for every optimizer, or one per optimizer name) re-applied to every optimizer
+    wrote: RLlib's ``restore_from_path``, DQN's, SAC's and DreamerV3's replay buffer, SAC's temperature, the learning
+    rate ``lr`` (one for every optimizer, or one per optimizer name) re-applied to every optimizer
     (``torch.optim.Optimizer.load_state_dict`` restores the saved one, and RLlib's scheduler sets the config's only
     after the next update: Population Based Training changes ``lr`` between a save and a restore), then
     :func:`push_to_env_runners`. Returns what it did."""
