@@ -81,7 +81,7 @@ def test_fidelity_runs_the_adapter_then_the_engines_own_loop_on_the_same_seed(
 def test_fidelity_refuses_what_it_cannot_compare_in_one_line(results_dir: Path, tmp_path: Path) -> None:
     for algorithm, engine, says in (
         ("ppo", "crossrl", "fidelity compares rllib or torchrl with its own loop"),
-        ("dqn", "rllib", "rllib-native runs ppo, impala, sac, not dqn"),
+        ("dqn", "rllib", "rllib-native runs ppo, impala, sac, dreamer, not dqn"),
     ):
         out = subprocess.run(
             [*CLI, "fidelity", str(_spec(tmp_path, algorithm)), "--engine", engine, "--results-dir", str(results_dir)],
