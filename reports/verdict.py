@@ -131,11 +131,27 @@ def _final_return(st: S.ReportStats, workers: int) -> str | None:
         return None if line is None else f"{line[:-1]}; {said}."
     line = _final_return_of(st.final_return, st.improvement, workers)
     if line is not None and st.stop_at_target and _fin(st.target_return):
-        line = (
-            f"{line[:-1]}; the trials stopped on reaching the target ({st.target_return:g}), so their final returns "
-            "sit near it by design: the time to the target below is what tells them apart."
-        )
+        stopped = _stopped_at_target(st.time_to_target, workers, st.target_return)
+        if stopped:
+            line = (
+                f"{line[:-1]}; {stopped}, so their final returns sit near it by design: the time to the target below "
+                "is what tells them apart."
+            )
     return line
+
+
+def _stopped_at_target(ttt: pd.DataFrame, workers: int, target: float) -> str:
+    """Which trials of a worker count stopped on reaching the target (``budget.stop_at_target``): all of them, some
+    (how many), or "" where none reached it (those ran their whole budget, and their final returns compare as any)."""
+    if ttt.empty:
+        return ""
+    g = ttt[ttt["workers"] == workers]
+    reached, seeds = int(g["n_reached"].sum()), int(g["n_seeds"].sum())
+    if reached == 0:
+        return ""
+    if reached == seeds:
+        return f"the trials stopped on reaching the target ({target:g})"
+    return f"the {reached} of {seeds} trials that reached the target ({target:g}) stopped there"
 
 
 def _final_return_of(final: pd.DataFrame, improvement: pd.DataFrame, workers: int) -> str | None:

@@ -188,3 +188,22 @@ def test_a_zero_width_ci_names_a_winner_only_when_the_rank_test_does() -> None:
     assert line is not None
     if row["ci_low"] > 0.5 and row["ci_high"] > row["ci_low"]:
         assert line.startswith("Best final return: crossrl"), line
+
+
+def test_the_final_return_says_trials_stopped_at_the_target_only_for_those_that_reached_it() -> None:
+    """``budget.stop_at_target``: a trial that never reached the target ran its whole budget, so its final return is
+    no "near the target by design" figure; the sentence counts the trials that did stop."""
+    st = _finals({"crossrl": [100.0, 104.0, 101.0], "rllib": [20.0, 18.0, 22.0]})
+
+    def with_reached(crossrl: int, rllib: int) -> str:
+        ttt = pd.DataFrame({"engine": ["crossrl", "rllib"], "workers": 1, "n_seeds": 3, "n_reached": [crossrl, rllib]})
+        line = _final_return(SimpleNamespace(**{**vars(st), "stop_at_target": True, "target_return": 100.0,
+                                                "time_to_target": ttt}), 1)  # type: ignore[arg-type]  # fmt: skip
+        assert line is not None
+        return line
+
+    assert "stopped" not in with_reached(0, 0)
+    assert "the trials stopped on reaching the target (100)" in with_reached(3, 3)
+    some = with_reached(3, 0)
+    assert "the 3 of 6 trials that reached the target (100) stopped there" in some, some
+    assert "the trials stopped on reaching" not in some
