@@ -599,8 +599,14 @@ class DreamerLearner:
                 "encoder": "symlog -> DreamerV3MLP", "rollout": "RSSMRolloutV3(reset_key='is_first')",
                 "prior": {"class": "RSSMPriorV3", "recurrent_model": "block_gru", "num_blocks": GRU_BLOCKS,
                           "hidden_dim": size.units, "rnn_hidden_dim": size.gru_units,
-                          "num_categoricals": size.categoricals, "num_classes": size.classes, "unimix": UNIMIX},
-                "posterior": {"class": "RSSMPosteriorV3", "use_rms_norm": True, "unimix": UNIMIX},
+                          "num_categoricals": size.categoricals, "num_classes": size.classes, "unimix": UNIMIX,
+                          "prior_num_layers": size.layers},
+                "posterior": {"class": "RSSMPosteriorV3", "use_rms_norm": True, "unimix": UNIMIX,
+                              "hidden_dim": size.units, "rnn_hidden_dim": size.gru_units,
+                              "obs_embed_dim": size.units, "num_layers": size.layers,
+                              "num_categoricals": size.categoricals, "num_classes": size.classes},
+                "mlp": {"class": "DreamerV3MLP", "depth": size.layers, "num_cells": size.units,
+                        "two_hot_bins": NUM_BINS},
                 "heads": "DreamerV3MLP decoder (symlog target), reward SymExpTwoHot(255) (zero output layer), "
                          "continue (Bernoulli logit)",
                 "params": sum(count_params(m) for m in self._world_model_modules().values()),
@@ -626,10 +632,12 @@ class DreamerLearner:
                            for name, o in self.optims.items()},
             "replay_buffer": {"class": "ReplayBuffer", "storage": f"LazyTensorStorage({self.buffer._storage.max_size})",
                               "sampler": f"SliceSampler(slice_len={self.batch_length_T}, traj_key='{STREAM_KEY}', "
-                                         f"step_key='{STEP_KEY}', fragmented=True, init_key=None)",
+                                         f"step_key='{STEP_KEY}', fragmented=True, init_key=None, "
+                                         "truncated_key=None, strict_length=True)",
                               "windows": self.batch_size_B, "entries": "one per observation (crossrl's core's)"},
             "training_ratio": self.ratio,
             "learning_starts_env_steps": self.learning_starts,
+            "point_env_steps": self.point_env_steps,
             "acting": "symlog -> encoder -> RSSMStateEstimatorV3 -> actor; state, belief and previous_action "
                       "carried by TensorDictPrimer, reset at InitTracker's is_init",
             "update": "world model step, then the actor's on trajectories imagined from every replayed posterior "

@@ -17,8 +17,9 @@ minibatch by minibatch: ``loss_objective + loss_critic + loss_entropy``, ``backw
 step; then ``collector.update_policy_weights_()``. No learning-rate or clip annealing (the reference's
 ``anneal_lr`` / ``anneal_clip_epsilon``): crossrl's adapter has none, and the stored config names none.
 
-IMPALA and SAC trials run their own reference loops (``torchrl_impala.run_impala``, ``torchrl_sac.run_sac``) on the
-same stored config; SAC's is imported when a SAC trial runs (its module imports torch).
+IMPALA, SAC and DreamerV3 trials run their own reference loops (``torchrl_impala.run_impala``,
+``torchrl_sac.run_sac``, ``torchrl_dreamer.run_dreamer``) on the same stored config; SAC's and DreamerV3's are imported
+when such a trial runs (their modules import torch).
 """
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def _refuse(trial: Trial) -> None:
     ):
         raise ValueError(
             f"torchrl-native runs {', '.join(TorchrlNativeLoop.algorithms)} on single-agent gymnasium envs with "
-            "vector observations and an MLP (ppo, impala: discrete actions; sac: continuous ones; no preprocessing, "
-            f"reward clip or step latency), not {trial.algorithm} on {env.id}"
+            "vector observations and an MLP (ppo, impala, dreamer: discrete actions; sac: continuous ones; no "
+            f"preprocessing, reward clip or step latency), not {trial.algorithm} on {env.id}"
         )
 
 
 class TorchrlNativeLoop:
-    """TorchRL's PPO (IMPALA: ``torchrl_impala``, SAC: ``torchrl_sac``) reference loop on the stored config's
-    settings."""
+    """TorchRL's PPO (IMPALA: ``torchrl_impala``, SAC: ``torchrl_sac``, DreamerV3: ``torchrl_dreamer``) reference
+    loop on the stored config's settings."""
 
     engine: ClassVar[str] = "torchrl-native"
     algorithms: ClassVar[dict[str, str]] = {
@@ -69,6 +70,9 @@ class TorchrlNativeLoop:
         "worker batches stacked into a learner batch, VTrace, A2CLoss, Adam, clip_grad_norm_; stored settings",
         "sac": "TorchRL's SAC reference loop (sota-implementations/sac): collector with init_random_frames, uniform "
         "ReplayBuffer, SACLoss (twin critics, learned temperature), grouped Adams, SoftUpdate; stored settings",
+        "dreamer": "TorchRL's DreamerV3 example loop (sota-implementations/dreamer_v3): collector with a recurrent "
+        "state primer, SliceSampler replay of sequences, RSSMPriorV3/RSSMPosteriorV3 world model, DreamerV3 model, "
+        "actor and value losses, Adams, SoftUpdate of the slow critic; discrete actions; stored settings",
     }
 
     def run(self, trial: Trial, sink: MetricSink) -> None:
@@ -83,6 +87,10 @@ class TorchrlNativeLoop:
             from crossrl.measure.fidelity.torchrl_sac import run_sac
 
             return run_sac(trial, sink, stored, where)
+        if trial.algorithm == "dreamer":
+            from crossrl.measure.fidelity.torchrl_dreamer import run_dreamer
+
+            return run_dreamer(trial, sink, stored, where)
 
         import torch
         import torchrl
