@@ -134,3 +134,33 @@ def test_a_tiny_cartpole_run_checkpoints_its_replay_and_a_resumed_trial_counts_o
     # no second warm-up of B x T random steps, and the updates go on from the checkpoint's count at the ratio
     assert steps[-1] <= 400 + 100 + 16
     assert sink.points[-1][M.DIAG_UPDATES] >= last[M.DIAG_UPDATES] - 2
+
+
+def test_rllibs_actor_divides_advantages_by_the_return_range_without_the_papers_floor_of_one() -> None:
+    """RLlib 2.60's DreamerV3 scales the actor's advantages by the moving 5-95 percentile range of the imagined returns
+    clamped at 1e-8 (``_compute_scaled_value_targets``), where the paper (eq. 12), crossrl's core and TorchRL's
+    ``DreamerV3ActorLoss`` divide by ``max(1, S)``: while returns are small (a fresh reward head), RLlib multiplies
+    the advantages' noise by up to 1/S. docs/learning.md and docs/fairness.md rest on this; should RLlib change it,
+    this test says so."""
+    from types import SimpleNamespace
+
+    import torch
+    from ray.rllib.algorithms.dreamerv3.torch.dreamerv3_torch_learner import DreamerV3TorchLearner
+
+    actor = SimpleNamespace(ema_value_target_pct5=torch.tensor(float("nan")),
+                            ema_value_target_pct95=torch.tensor(float("nan")))  # fmt: skip
+    module = SimpleNamespace(unwrapped=lambda: SimpleNamespace(actor=actor))
+    learner = SimpleNamespace(module={"default_policy": module})
+    targets = torch.linspace(0.0, 0.02, 101).reshape(101, 1)  # returns spread over 0.02: S = 0.018
+    advantages = DreamerV3TorchLearner._compute_scaled_value_targets(
+        learner,  # type: ignore[arg-type]
+        module_id="default_policy",
+        config=SimpleNamespace(return_normalization_decay=0.99),
+        value_targets_t0_to_Hm1_BxT=targets,
+        value_predictions_t0_to_Hm1_BxT=torch.zeros_like(targets),
+    )
+    spread = float(actor.ema_value_target_pct95 - actor.ema_value_target_pct5)
+    assert spread == pytest.approx(0.018, rel=1e-3)
+    # divided by S itself (0.018), not by max(1, S) = 1: the advantages are targets / S, some 55x the paper's
+    assert torch.allclose(advantages, targets / spread, atol=1e-5)
+    assert float(advantages.max()) > 50 * float(targets.max())
