@@ -1,0 +1,103 @@
+"""RLlib 2.60's own DreamerV3 on CartPole-v1, without any of crossrl's code, with its learner's stats printed per
+point: return, the reward head's loss, the actor's entropy and the imagined returns' 5th and 95th percentiles (the
+moving averages the actor's advantages are scaled by). docs/learning.md ("Why RLlib's rows stay at random play") is
+measured with it.
+
+    .venv/bin/python tests/bench/rllib_dreamer_actor.py [--env-steps 6000] [--seed 0] [--runners 0] [--paper-scale]
+
+The settings are cartpole-dreamer's as the adapter passes them (``model_size="mini"``, ``training_ratio=256``, B x T 16
+x 64, ``rollout_fragment_length=4``: one update per 4 env steps). ``--paper-scale`` replaces RLlib's scaling of the
+advantages, ``(R - v) / clamp(S, min=1e-8)``, by the paper's ``(R - v) / max(1, S)`` (eq. 12), the rest of RLlib's
+learner unchanged. One JSON line per point of at least 500 env steps. Learning runs in this process, on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from typing import Any
+
+
+def paper_scale() -> None:
+    """Patch RLlib's DreamerV3 learner to divide the advantages by max(1, S), S the moving 5-95 % range."""
+    import torch
+    from ray.rllib.algorithms.dreamerv3.torch.dreamerv3_torch_learner import DreamerV3TorchLearner
+
+    def scaled(
+        self: Any,
+        *,
+        module_id: str,
+        config: Any,
+        value_targets_t0_to_Hm1_BxT: Any,
+        value_predictions_t0_to_Hm1_BxT: Any,
+    ) -> Any:
+        actor = self.module[module_id].unwrapped().actor
+        targets = value_targets_t0_to_Hm1_BxT
+        decay = config.return_normalization_decay
+        for name, q in (("ema_value_target_pct5", 0.05), ("ema_value_target_pct95", 0.95)):
+            old, new = getattr(actor, name), torch.quantile(targets, q)
+            getattr(actor, name).data = torch.where(torch.isnan(old), new, decay * old + (1 - decay) * new)
+        scale = torch.clamp(actor.ema_value_target_pct95 - actor.ema_value_target_pct5, min=1.0)
+        return (targets - value_predictions_t0_to_Hm1_BxT) / scale
+
+    DreamerV3TorchLearner._compute_scaled_value_targets = scaled  # type: ignore[method-assign]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env-steps", type=int, default=6000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--runners", type=int, default=0, help="remote env runners (0: RLlib's default for DreamerV3)")
+    parser.add_argument("--paper-scale", action="store_true", help="advantages / max(1, S), the paper's eq. 12")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+    import ray
+    import torch
+    from ray.rllib.algorithms.dreamerv3 import DreamerV3Config
+
+    torch.set_num_threads(1)
+    if args.paper_scale:
+        paper_scale()
+    ray.init(num_cpus=1 + args.runners, include_dashboard=False, log_to_driver=False,
+             _temp_dir=tempfile.mkdtemp(prefix="ray-"))  # fmt: skip
+    config = (
+        DreamerV3Config()
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=args.runners, rollout_fragment_length=4, num_envs_per_env_runner=1)
+        .training(model_size="mini", training_ratio=256, batch_size_B=16, batch_length_T=64)
+        .reporting(min_sample_timesteps_per_iteration=500)
+        .debugging(seed=args.seed)
+    )
+    algo = config.build_algo()
+    start = time.monotonic()
+    try:
+        while True:
+            result = algo.train()
+            stats = result.get("learners", {}).get("default_policy", {})
+            runners = result.get("env_runners", {})
+            steps = int(runners.get("num_env_steps_sampled_lifetime", 0))
+            row = {
+                "seconds": round(time.monotonic() - start),
+                "env_steps": steps,
+                "return": runners.get("episode_return_mean"),
+                "updates": result.get("num_grad_updates_lifetime"),
+                "reward_loss": stats.get("WORLD_MODEL_L_reward"),
+                "world_model_loss": stats.get("WORLD_MODEL_L_total"),
+                "actor_entropy": stats.get("ACTOR_action_entropy"),
+                "returns_pct5": stats.get("ACTOR_value_targets_pct5_ema"),
+                "returns_pct95": stats.get("ACTOR_value_targets_pct95_ema"),
+            }
+            print(json.dumps({k: round(float(v), 4) if v is not None else None for k, v in row.items()}), flush=True)
+            if steps >= args.env_steps:
+                break
+    finally:
+        algo.stop()
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
