@@ -51,6 +51,32 @@ def needed(stored: Mapping[str, Any], where: str, fix: str, *keys: str) -> Any:
         raise ValueError(f"{e} ({where}): {fix}") from None
 
 
+SYNC_COLLECTORS = ("Collector", "MultiSyncCollector")
+
+
+def stored_sync_collector(
+    trial: Trial, stored: Mapping[str, Any], where: str, *, algorithm: str, fix: str
+) -> dict[str, Any]:
+    """The stored synchronous collector of a replay loop (SAC's, DreamerV3's), checked against the trial:
+    ``collector_cls``, ``collector_kwargs`` (without ``num_workers``), ``workers`` and ``fpb`` (frames per batch, > 0);
+    a ValueError in one line naming the file (``where``) and the remedy (``fix``) otherwise."""
+
+    def refuse(what: str) -> ValueError:
+        return ValueError(f"torchrl-native: {algorithm} {what} ({where}): {fix}")
+
+    collector_cls = needed(stored, where, fix, "collector", "class")
+    if collector_cls not in SYNC_COLLECTORS:
+        raise refuse(f"runs on {' or '.join(SYNC_COLLECTORS)}, the stored collector is {collector_cls!r}")
+    collector_kwargs = dict(needed(stored, where, fix, "collector", "kwargs"))
+    workers = int(collector_kwargs.pop("num_workers", 1))
+    if workers != trial.workers:
+        raise refuse(f"config is for {workers} worker(s), the trial has {trial.workers}")
+    fpb = int(needed(stored, where, fix, "collector", "kwargs", "frames_per_batch"))
+    if fpb <= 0:
+        raise refuse(f"needs frames_per_batch > 0, not {fpb}")
+    return {"collector_cls": collector_cls, "collector_kwargs": collector_kwargs, "workers": workers, "fpb": fpb}
+
+
 def actor_critic(trial: Trial) -> tuple[Any, Any, Any, Any]:
     """The policy and value networks as TorchRL's reference scripts build them from a proof env (its specs and
     dimensions): ``MLP``s of the trial's hidden sizes and activation, a ``ProbabilisticActor`` with a

@@ -90,11 +90,10 @@ import torch
 
 from crossrl.adapters.base import MetricSink
 from crossrl.measure.fidelity import beat
-from crossrl.measure.fidelity.torchrl_common import episodes, needed
+from crossrl.measure.fidelity.torchrl_common import episodes, needed, stored_sync_collector
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
-COLLECTORS = ("Collector", "MultiSyncCollector")
 """The collector classes a dreamer trial's stored config may name (the adapter's local, synchronous ones)."""
 MODEL_LOSS, ACTOR_LOSS, VALUE_LOSS = "DreamerV3ModelLoss", "DreamerV3ActorLoss", "DreamerV3ValueLoss"
 ACTOR = "DreamerV3DiscreteActor"
@@ -135,14 +134,7 @@ def _refuse(what: str, where: str) -> ValueError:
 
 def settings(trial: Trial, stored: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Every setting of the loop from the stored native config, checked; a ValueError in one line otherwise."""
-    collector_cls = _need(stored, where, "collector", "class")
-    if collector_cls not in COLLECTORS:
-        raise _refuse(f"runs on {' or '.join(COLLECTORS)}, the stored collector is {collector_cls!r}", where)
-    collector_kwargs = dict(_need(stored, where, "collector", "kwargs"))
-    workers = int(collector_kwargs.pop("num_workers", 1))
-    if workers != trial.workers:
-        raise _refuse(f"config is for {workers} worker(s), the trial has {trial.workers}", where)
-    fpb = int(_need(stored, where, "collector", "kwargs", "frames_per_batch"))
+    collector = stored_sync_collector(trial, stored, where, algorithm="dreamer", fix=FIX)
     for keys, cls_name in (
         (("world_model", "prior", "class"), "RSSMPriorV3"),
         (("world_model", "posterior", "class"), "RSSMPosteriorV3"),
@@ -178,15 +170,10 @@ def settings(trial: Trial, stored: Mapping[str, Any], where: str) -> dict[str, A
             f"{posterior['obs_embed_dim']}",
             where,
         )
-    if fpb <= 0:
-        raise _refuse(f"needs frames_per_batch > 0, not {fpb}", where)
     actor_kwargs = dict(_need(stored, where, "actor_loss", "kwargs"))
     actor_kwargs.pop("continuation_model", None)  # stored as its description; the continue head is built here
     return {
-        "collector_cls": collector_cls,
-        "collector_kwargs": collector_kwargs,
-        "workers": workers,
-        "fpb": fpb,
+        **collector,
         "prior": prior,
         "posterior": posterior,
         "depth": depth,

@@ -78,12 +78,18 @@ from torch import nn
 from crossrl.adapters.base import MetricSink
 from crossrl.adapters.torchrl.algorithms import LogStdScale  # the adapter's actor scale: the same network on both sides
 from crossrl.measure.fidelity import beat
-from crossrl.measure.fidelity.torchrl_common import ACTIVATIONS, episodes, gym_env, init_as_spec, needed
+from crossrl.measure.fidelity.torchrl_common import (
+    ACTIVATIONS,
+    episodes,
+    gym_env,
+    init_as_spec,
+    needed,
+    stored_sync_collector,
+)
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import CROSSRL_SETTINGS
 from crossrl.scenarios.spec import Trial
 
-COLLECTORS = ("Collector", "MultiSyncCollector")
 """The collector classes a SAC trial's stored config may name (the adapter's local, synchronous ones)."""
 LOSS = "SACLoss"
 VALUE_ESTIMATOR = "TD0Estimator"
@@ -119,14 +125,7 @@ def _refuse(what: str, where: str) -> ValueError:
 
 def settings(trial: Trial, stored: Mapping[str, Any], where: str) -> dict[str, Any]:
     """Every setting of the loop from the stored native config, checked; a ValueError in one line otherwise."""
-    collector_cls = _need(stored, where, "collector", "class")
-    if collector_cls not in COLLECTORS:
-        raise _refuse(f"runs on {' or '.join(COLLECTORS)}, the stored collector is {collector_cls!r}", where)
-    collector_kwargs = dict(_need(stored, where, "collector", "kwargs"))
-    workers = int(collector_kwargs.pop("num_workers", 1))
-    if workers != trial.workers:
-        raise _refuse(f"config is for {workers} worker(s), the trial has {trial.workers}", where)
-    fpb = int(_need(stored, where, "collector", "kwargs", "frames_per_batch"))
+    collector = stored_sync_collector(trial, stored, where, algorithm="sac", fix=FIX)
     random_frames = int(_need(stored, where, "collector", "kwargs", "init_random_frames"))
     for keys, cls_name in (
         (("loss", "class"), LOSS),
@@ -149,13 +148,8 @@ def settings(trial: Trial, stored: Mapping[str, Any], where: str) -> dict[str, A
     clip = _need(stored, where, "grad_clip_norm")
     if clip is not None:
         raise _refuse(f"clips no gradients (the adapter's SAC does not), the stored grad_clip_norm is {clip!r}", where)
-    if fpb <= 0:
-        raise _refuse(f"needs frames_per_batch > 0, not {fpb}", where)
     return {
-        "collector_cls": collector_cls,
-        "collector_kwargs": collector_kwargs,
-        "workers": workers,
-        "fpb": fpb,
+        **collector,
         "init_random_frames": random_frames,
         "loss_kwargs": dict(_need(stored, where, "loss", "kwargs")),
         "value_kwargs": dict(_need(stored, where, "value_estimator", "kwargs")),
