@@ -470,7 +470,7 @@ class _Nets:
 
         self.p = policy
         torch.manual_seed(policy.seed)
-        size, hp = policy.size, policy.hp
+        size = policy.size
         latent = size.categoricals * size.classes
         feat = size.gru_units + latent
         self.edges = bins()
@@ -488,19 +488,24 @@ class _Nets:
         self.world_model = nn.ModuleList(
             [self.encoder, self.img_in, self.gru, self.prior, self.posterior, self.decoder, self.reward, self.cont]
         )
-        self.world_model_opt = torch.optim.Adam(
-            self.world_model.parameters(), lr=float(hp["world_model_lr"]), eps=float(hp["world_model_adam_eps"])
-        )
-        self.actor_opt = torch.optim.Adam(
-            self.actor.parameters(), lr=float(hp["actor_lr"]), eps=float(hp["actor_critic_adam_eps"])
-        )
-        self.critic_opt = torch.optim.Adam(
-            self.critic.parameters(), lr=float(hp["critic_lr"]), eps=float(hp["actor_critic_adam_eps"])
-        )
+        self._optimizers: dict[str, torch.optim.Optimizer] | None = None
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """By the hyperparameter that names each one's learning rate (``<name>_lr``)."""
-        return {"world_model": self.world_model_opt, "actor": self.actor_opt, "critic": self.critic_opt}
+        """By the hyperparameter that names each one's learning rate (``<name>_lr``). Built on first use, so an
+        evaluator's copy, which only acts, builds none: torch's first optimizer imports ``torch._dynamo``, seconds
+        of a worker's first env step (long enough, on a loaded machine, to trip a tight ``budget.stall_seconds``)."""
+        if self._optimizers is None:
+            import torch
+
+            hp = self.p.hp
+            adam, eps = torch.optim.Adam, float(hp["actor_critic_adam_eps"])
+            self._optimizers = {
+                "world_model": adam(self.world_model.parameters(), lr=float(hp["world_model_lr"]),
+                                    eps=float(hp["world_model_adam_eps"])),
+                "actor": adam(self.actor.parameters(), lr=float(hp["actor_lr"]), eps=eps),
+                "critic": adam(self.critic.parameters(), lr=float(hp["critic_lr"]), eps=eps),
+            }  # fmt: skip
+        return self._optimizers
 
     def modules(self) -> dict[str, nn.Module]:
         return {
@@ -670,12 +675,12 @@ class _Nets:
         p, hp = self.p, self.p.hp
         batch = self.tensors(replay)
         wm_loss, stats, (h, z) = self.world_model_loss(batch)
-        self.world_model_opt.zero_grad(set_to_none=True)
+        self.optimizers()["world_model"].zero_grad(set_to_none=True)
         wm_loss.backward()
         stats["diag.world_model_grad_norm"] = float(
             torch.nn.utils.clip_grad_norm_(self.world_model.parameters(), float(hp["world_model_grad_clip"]))
         )
-        self.world_model_opt.step()
+        self.optimizers()["world_model"].step()
 
         # actor: imagine from every replayed state with the world model and the critic held fixed
         start_cont = (1.0 - batch[IS_TERMINAL]).reshape(-1)
@@ -700,7 +705,7 @@ class _Nets:
             else:  # the returns backpropagated through the imagined dynamics
                 objective = returns / scale
             actor_loss = -(weights * (objective + p.entropy_scale * entropies)).mean()
-            self.actor_opt.zero_grad(set_to_none=True)
+            self.optimizers()["actor"].zero_grad(set_to_none=True)
             actor_loss.backward()
         finally:
             self.world_model.requires_grad_(True)
@@ -708,7 +713,7 @@ class _Nets:
         stats["diag.actor_grad_norm"] = float(
             torch.nn.utils.clip_grad_norm_(self.actor.parameters(), float(hp["actor_critic_grad_clip"]))
         )
-        self.actor_opt.step()
+        self.optimizers()["actor"].step()
 
         # critic: two-hot regression toward the returns, and toward the slow critic's values (its regularizer)
         states = feats[:-1].detach()
@@ -719,12 +724,12 @@ class _Nets:
         critic_loss = (
             weights * (two_hot_loss(logits, target, self.edges) + two_hot_loss(logits, slow, self.edges))
         ).mean()
-        self.critic_opt.zero_grad(set_to_none=True)
+        self.optimizers()["critic"].zero_grad(set_to_none=True)
         critic_loss.backward()
         stats["diag.critic_grad_norm"] = float(
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), float(hp["actor_critic_grad_clip"]))
         )
-        self.critic_opt.step()
+        self.optimizers()["critic"].step()
         with torch.no_grad():
             for slow_param, param in zip(self.slow_critic.parameters(), self.critic.parameters(), strict=True):
                 slow_param.lerp_(param, 1.0 - float(hp["slow_critic_decay"]))

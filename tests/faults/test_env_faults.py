@@ -38,13 +38,21 @@ EXPECTED = {
 }
 
 
-def _spec(tmp_path: Path, fault: str, *, engines: list[str], kwargs: dict) -> Path:
+PPO = {"name": "ppo", "hyperparams": {"train_batch": 256, "minibatch": 64, "epochs": 1}}
+# DreamerV3 at its smallest: an update of 4 x 16 per 4 env steps, learning from the 64th env step
+DREAMER = {"name": "dreamer", "hyperparams": {"model_size": "nano", "batch_size_B": 4, "batch_length_T": 16,
+                                              "training_ratio": 16.0, "horizon_H": 5}}  # fmt: skip
+
+
+def _spec(
+    tmp_path: Path, fault: str, *, engines: list[str], kwargs: dict, algorithm: dict = PPO, envs: int = 2
+) -> Path:
     spec = {
         "name": f"env-fault-{fault}",
         "env": {"id": "faulty_env:FaultyCartPole-v0", "kwargs": {"fault": fault, **kwargs}},
-        "algorithm": {"name": "ppo", "hyperparams": {"train_batch": 256, "minibatch": 64, "epochs": 1}},
+        "algorithm": algorithm,
         "engines": engines,
-        "execution": {"workers": [1], "envs_per_worker": 2},
+        "execution": {"workers": [1], "envs_per_worker": envs},
         "budget": {"env_steps": 1_000_000, "wall_seconds": 240, "stall_seconds": STALL_S},
         "seeds": [0],
     }
@@ -129,6 +137,28 @@ def test_a_broken_env_fails_its_trial_on_every_engine(fault: str, tmp_path: Path
             assert "RuntimeError: FaultyCartPole: the simulator crashed" in text, text[-2000:]
         else:
             assert "envguard.py" in text, text[-2000:]
+    _no_process_left(mark)
+
+
+@pytest.mark.integration
+@pytest.mark.system
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+def test_a_broken_env_fails_a_dreamer_trial_on_every_engine(fault: str, tmp_path: Path) -> None:
+    """DreamerV3 acts through each engine's own recurrent loop (crossrl's fragment actor, RLlib's DreamerV3 env
+    runner, TorchRL's collector with its state primer) and spends most of its time in updates: a raising or hanging
+    env still fails the trial within a minute (a hang within the stall limit), with the fault named."""
+    results, mark = tmp_path / "results", uuid.uuid4().hex
+    spec = _spec(tmp_path, fault, engines=ENGINES, kwargs={"after_s": 5}, algorithm=DREAMER, envs=1)
+    proc = _run(spec, results, mark)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    trials = _trials(results, f"env-fault-{fault}")
+    assert sorted(trials) == sorted(f"{e}-dreamer-w1-s0" for e in ENGINES)
+    for name, tags in trials.items():
+        assert tags["status"] == "FAILED", (name, tags["status"], tags.get("reason"))
+        for words in EXPECTED[fault]:
+            assert words in tags["reason"], (name, tags["reason"])
+        late = float(tags["end_time"]) - float(tags["fault.time"])
+        assert 0 <= late < (STALL_S + 30 if fault == "hang" else 60), (name, late)
     _no_process_left(mark)
 
 
