@@ -142,11 +142,13 @@ def test_a_broken_env_fails_its_trial_on_every_engine(fault: str, tmp_path: Path
 
 @pytest.mark.integration
 @pytest.mark.system
-@pytest.mark.parametrize("fault", ["raise", "hang"])
+# "hang" passes too (the stall watchdog is the one PPO's cases check); one fault keeps the system tier's time
+@pytest.mark.parametrize("fault", ["raise"])
 def test_a_broken_env_fails_a_dreamer_trial_on_every_engine(fault: str, tmp_path: Path) -> None:
     """DreamerV3 acts through each engine's own recurrent loop (crossrl's fragment actor, RLlib's DreamerV3 env
-    runner, TorchRL's collector with its state primer) and spends most of its time in updates: a raising or hanging
-    env still fails the trial within a minute (a hang within the stall limit), with the fault named."""
+    runner, TorchRL's collector with its state primer) and spends most of its time in updates: a raising env still
+    fails the trial within a minute, with the fault named (on crossrl's core its evaluators once built the learner's
+    optimizers before their first env step, long enough for the stall watchdog to fire first)."""
     results, mark = tmp_path / "results", uuid.uuid4().hex
     spec = _spec(tmp_path, fault, engines=ENGINES, kwargs={"after_s": 5}, algorithm=DREAMER, envs=1)
     proc = _run(spec, results, mark)
