@@ -647,9 +647,9 @@ class _Nets:
             raise NonFiniteError(f"dreamer: the world model's loss is not finite after {self.p.updates} updates")
         stats = {
             M.DIAG_WORLD_MODEL_LOSS: float(loss.detach()),
-            "diag.decoder_loss": float(decoder.detach().mean()),
-            "diag.reward_loss": float(reward.detach().mean()),
-            "diag.continue_loss": float(cont.detach().mean()),
+            M.DIAG_DECODER_LOSS: float(decoder.detach().mean()),
+            M.DIAG_REWARD_LOSS: float(reward.detach().mean()),
+            M.DIAG_CONTINUE_LOSS: float(cont.detach().mean()),
             "diag.kl": float(kl.detach().mean()),
         }
         return loss, stats, (h.detach(), z.detach())
@@ -740,7 +740,7 @@ class _Nets:
                 M.POLICY_LOSS: float(actor_loss.detach()),
                 M.VALUE_LOSS: float(critic_loss.detach()),
                 M.ENTROPY: float(entropies.detach().mean()),
-                "diag.return_scale": p.return_scale,
+                M.DIAG_RETURN_SCALE: p.return_scale,
                 "diag.imagined_return": float(returns.detach().mean()),
             }
         )

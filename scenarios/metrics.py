@@ -60,6 +60,10 @@ DIAG_ALPHA: Final = "diag.alpha"  # SAC: the entropy temperature
 DIAG_ALPHA_LOSS: Final = "diag.alpha_loss"  # SAC: the temperature's loss
 DIAG_UPDATES: Final = "diag.updates"  # replay algorithms: gradient updates, cumulative
 DIAG_WORLD_MODEL_LOSS: Final = "diag.world_model_loss"  # DreamerV3: the world model's total loss
+DIAG_DECODER_LOSS: Final = "diag.decoder_loss"  # DreamerV3: the world model's observation (decoder) term
+DIAG_REWARD_LOSS: Final = "diag.reward_loss"  # DreamerV3: the reward head's two-hot loss (uniform over 255: 5.54)
+DIAG_CONTINUE_LOSS: Final = "diag.continue_loss"  # DreamerV3: the continue head's loss
+DIAG_RETURN_SCALE: Final = "diag.return_scale"  # DreamerV3: moving 95th - 5th percentile of the imagined returns
 
 
 # Multi-agent envs: ``episode_return_mean`` is the team return (the sum of every agent's return per episode);

@@ -725,13 +725,20 @@ def dreamer_values(
     policy: Mapping[str, Any], *, updates: Any = None, keep: Callable[[Any], float | None] = number
 ) -> dict[str, float | None]:
     """DreamerV3's losses under crossrl's names from RLlib's ``learners/default_policy`` stats: the actor's and the
-    critic's total losses, the actor's action entropy (of the imagined steps), the world model's total loss and its
-    gradient norm, and the gradient updates so far (the algorithm's ``num_grad_updates_lifetime``)."""
+    critic's total losses, the actor's action entropy (of the imagined steps), the world model's total loss, its
+    decoder, reward and continue terms and its gradient norm, the returns' scale (the moving 95th less 5th
+    percentile, before RLlib's floor of 1e-8), and the gradient updates so far (the algorithm's
+    ``num_grad_updates_lifetime``): the diagnostics crossrl's core and TorchRL's adapter report by the same names."""
+    high, low = finite(policy.get("ACTOR_value_targets_pct95_ema")), finite(policy.get("ACTOR_value_targets_pct5_ema"))
     return {
         M.POLICY_LOSS: keep(policy.get("ACTOR_L_total")),
         M.VALUE_LOSS: keep(policy.get("CRITIC_L_total")),
         M.ENTROPY: keep(policy.get("ACTOR_action_entropy")),
         M.DIAG_WORLD_MODEL_LOSS: keep(policy.get("WORLD_MODEL_L_total")),
+        M.DIAG_DECODER_LOSS: keep(policy.get("WORLD_MODEL_L_decoder")),
+        M.DIAG_REWARD_LOSS: keep(policy.get("WORLD_MODEL_L_reward")),
+        M.DIAG_CONTINUE_LOSS: keep(policy.get("WORLD_MODEL_L_continue")),
+        M.DIAG_RETURN_SCALE: None if high is None or low is None else high - low,
         M.DIAG_GRAD_NORM: finite(policy.get("WORLD_MODEL_gradients_global_norm")),
         M.DIAG_UPDATES: finite(updates),
     }

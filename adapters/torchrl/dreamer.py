@@ -489,9 +489,9 @@ class DreamerLearner:
             raise NonFiniteError(f"dreamer: the world model's loss is not finite after {self.updates} updates")
         stats = {
             M.DIAG_WORLD_MODEL_LOSS: _finite(wm_loss),
-            "diag.decoder_loss": _finite(parts["loss_model_reco"]),
-            "diag.reward_loss": _finite(parts["loss_model_reward"]),
-            "diag.continue_loss": _finite(parts.get("loss_model_continue", torch.zeros(()))),
+            M.DIAG_DECODER_LOSS: _finite(parts["loss_model_reco"]),
+            M.DIAG_REWARD_LOSS: _finite(parts["loss_model_reward"]),
+            M.DIAG_CONTINUE_LOSS: _finite(parts.get("loss_model_continue", torch.zeros(()))),
         }
         with torch.no_grad():
             kl, _ = categorical_kl_terms(
@@ -524,7 +524,7 @@ class DreamerLearner:
                 M.POLICY_LOSS: _finite(actor_loss),
                 M.VALUE_LOSS: _finite(critic_loss),
                 M.ENTROPY: _finite(actor_out["actor_entropy"]),
-                "diag.return_scale": _finite(actor_out["return_scale"]),
+                M.DIAG_RETURN_SCALE: _finite(actor_out["return_scale"]),
                 "diag.imagined_return": _finite(fake.get("lambda_target").mean()),
             }
         )

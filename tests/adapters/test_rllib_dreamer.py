@@ -164,3 +164,18 @@ def test_rllibs_actor_divides_advantages_by_the_return_range_without_the_papers_
     # divided by S itself (0.018), not by max(1, S) = 1: the advantages are targets / S, some 55x the paper's
     assert torch.allclose(advantages, targets / spread, atol=1e-5)
     assert float(advantages.max()) > 50 * float(targets.max())
+
+
+def test_rllibs_dreamer_stats_come_under_the_names_the_other_engines_use() -> None:
+    """The world model's terms and the returns' scale, as crossrl's core and TorchRL's adapter report them, so the
+    three engines' DreamerV3 diagnostics sit side by side in the MLflow UI; a missing stat is left out, not zero."""
+    stats = {"ACTOR_L_total": 0.5, "CRITIC_L_total": 9.1, "ACTOR_action_entropy": 0.6, "WORLD_MODEL_L_total": 2.4,
+             "WORLD_MODEL_L_decoder": 0.14, "WORLD_MODEL_L_reward": 1.5, "WORLD_MODEL_L_continue": 0.16,
+             "ACTOR_value_targets_pct95_ema": 2.7, "ACTOR_value_targets_pct5_ema": 0.27}  # fmt: skip
+    values = R.dreamer_values(stats, updates=626)
+    assert values[M.DIAG_REWARD_LOSS] == 1.5 and values[M.DIAG_DECODER_LOSS] == 0.14
+    assert values[M.DIAG_CONTINUE_LOSS] == 0.16 and values[M.DIAG_WORLD_MODEL_LOSS] == 2.4
+    assert values[M.DIAG_RETURN_SCALE] == pytest.approx(2.43)
+    assert values[M.ENTROPY] == 0.6 and values[M.DIAG_UPDATES] == 626
+    early = R.dreamer_values({"ACTOR_value_targets_pct95_ema": float("nan")}, updates=None)
+    assert early[M.DIAG_RETURN_SCALE] is None and early[M.DIAG_REWARD_LOSS] is None
