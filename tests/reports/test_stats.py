@@ -346,7 +346,7 @@ def test_trials_stopped_at_the_target_are_compared_as_they_ended_not_at_the_firs
     rows, curves = [], {}
     for engine, end in (("crossrl", 10_000), ("rllib", 20_000)):
         for seed in range(3):
-            rows.append((engine, 1, seed, "FINISHED", 100.0 + seed, math.nan, math.nan))
+            rows.append((engine, 1, seed, "FINISHED", 100.0 + seed, float(end), end / 1000))  # each stopped at 100
             curves[f"r{len(rows) - 1}"] = [
                 (s, s / end * 100 + seed, s / 1000, 100.0) for s in range(1000, end + 1, 1000)
             ]
