@@ -714,8 +714,8 @@ def fidelity(
 ) -> None:
     """Check that an engine learns through crossrl as it does in its own minimal loop: the spec's trials on ENGINE
     through crossrl's adapter, then the same seeds through the engine's own loop (RLlib: build_algo() and train() on
-    the adapter's stored config; TorchRL: its PPO, IMPALA, SAC or DreamerV3 reference loop), then env steps to target, final return and env
-    steps per second compared with CIs (docs/fidelity.md)."""
+    the adapter's stored config; TorchRL: its PPO, IMPALA, SAC or DreamerV3 reference loop), then env steps to target,
+    final return and env steps per second compared with CIs (docs/fidelity.md)."""
     from crossrl.measure.fidelity.compare import fidelity_problems, run_fidelity
     from crossrl.orchestration.signals import Interrupted, stop_on_signals
     from crossrl.reports.console import RunDisplay
