@@ -77,6 +77,16 @@ def stored_sync_collector(
     return {"collector_cls": collector_cls, "collector_kwargs": collector_kwargs, "workers": workers, "fpb": fpb}
 
 
+def sync_collector(collector_cls: str, env_fn: Any, policy: Any, *, workers: int, kwargs: Mapping[str, Any]) -> Any:
+    """The stored synchronous collector: ``Collector`` over one env of ``env_fn`` in this process, or
+    ``MultiSyncCollector`` over ``workers`` of them."""
+    from torchrl.collectors import Collector, MultiSyncCollector
+
+    if collector_cls == "Collector":
+        return Collector(env_fn(), policy, **kwargs)
+    return MultiSyncCollector([env_fn] * workers, policy, **kwargs)
+
+
 def actor_critic(trial: Trial) -> tuple[Any, Any, Any, Any]:
     """The policy and value networks as TorchRL's reference scripts build them from a proof env (its specs and
     dimensions): ``MLP``s of the trial's hidden sizes and activation, a ``ProbabilisticActor`` with a

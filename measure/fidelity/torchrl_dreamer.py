@@ -90,7 +90,7 @@ import torch
 
 from crossrl.adapters.base import MetricSink
 from crossrl.measure.fidelity import beat
-from crossrl.measure.fidelity.torchrl_common import episodes, needed, stored_sync_collector
+from crossrl.measure.fidelity.torchrl_common import episodes, needed, stored_sync_collector, sync_collector
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
 
@@ -394,7 +394,6 @@ def run_dreamer(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where
 
     import torchrl
     from tensordict import TensorDict
-    from torchrl.collectors import Collector, MultiSyncCollector
     from torchrl.data import LazyTensorStorage, ReplayBuffer
     from torchrl.data.replay_buffers import SliceSampler
     from torchrl.objectives.dreamer_v3 import categorical_kl_terms
@@ -476,10 +475,7 @@ def run_dreamer(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where
         state_dim=state_dim, belief_dim=belief_dim, act_dim=n_actions,
     )  # fmt: skip
     policy = net["policy"]
-    if s["collector_cls"] == "Collector":
-        collector: Any = Collector(env_fn(), policy, **collector_kwargs)
-    else:
-        collector = MultiSyncCollector([env_fn] * workers, policy, **collector_kwargs)
+    collector = sync_collector(s["collector_cls"], env_fn, policy, workers=workers, kwargs=collector_kwargs)
     try:
         collector.set_seed(trial.seed)
         sink.tags(engine_version=torchrl.__version__, collector=s["collector_cls"],

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 from crossrl.adapters.base import MetricSink
 from crossrl.measure.fidelity import CONFIGS_ENV, stored_config
-from crossrl.measure.fidelity.torchrl_common import INIT, actor_critic, make_env, report, stored_value
+from crossrl.measure.fidelity.torchrl_common import INIT, actor_critic, make_env, report, stored_value, sync_collector
 from crossrl.measure.fidelity.torchrl_impala import run_impala
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import Trial
@@ -94,7 +94,6 @@ class TorchrlNativeLoop:
 
         import torch
         import torchrl
-        from torchrl.collectors import Collector, MultiSyncCollector
         from torchrl.data import LazyTensorStorage, ReplayBuffer
         from torchrl.data.replay_buffers import SamplerWithoutReplacement
         from torchrl.objectives import ClipPPOLoss
@@ -130,10 +129,7 @@ class TorchrlNativeLoop:
         critic_coeff = 1.0 if coeff is None else float(coeff)  # ClipPPOLoss's default weight is 1
 
         env_fn = functools.partial(make_env, trial.env.id, dict(trial.env.kwargs), trial.envs_per_worker)
-        if collector_cls == "Collector":
-            collector: Any = Collector(env_fn(), actor, **collector_kwargs)
-        else:
-            collector = MultiSyncCollector([env_fn] * workers, actor, **collector_kwargs)
+        collector = sync_collector(collector_cls, env_fn, actor, workers=workers, kwargs=collector_kwargs)
         try:
             collector.set_seed(trial.seed)
             sink.tags(engine_version=torchrl.__version__, collector=collector_cls,

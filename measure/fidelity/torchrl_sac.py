@@ -85,6 +85,7 @@ from crossrl.measure.fidelity.torchrl_common import (
     init_as_spec,
     needed,
     stored_sync_collector,
+    sync_collector,
 )
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.catalog import CROSSRL_SETTINGS
@@ -243,7 +244,6 @@ def run_sac(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where: st
     s = settings(trial, stored, where)
 
     import torchrl
-    from torchrl.collectors import Collector, MultiSyncCollector
     from torchrl.data import LazyTensorStorage, ReplayBuffer
     from torchrl.data.replay_buffers import RandomSampler
     from torchrl.objectives import SACLoss, SoftUpdate, ValueEstimators, group_optimizers
@@ -275,10 +275,7 @@ def run_sac(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where: st
     workers, collector_kwargs, fpb = s["workers"], s["collector_kwargs"], s["fpb"]
     unit = trial.env.actions == "unit"
     env_fn = functools.partial(make_sac_env, trial.env.id, dict(trial.env.kwargs), trial.envs_per_worker, unit)
-    if s["collector_cls"] == "Collector":
-        collector: Any = Collector(env_fn(), actor, **collector_kwargs)
-    else:
-        collector = MultiSyncCollector([env_fn] * workers, actor, **collector_kwargs)
+    collector = sync_collector(s["collector_cls"], env_fn, actor, workers=workers, kwargs=collector_kwargs)
     try:
         collector.set_seed(trial.seed)
         sink.tags(engine_version=torchrl.__version__, collector=s["collector_cls"],
