@@ -4,11 +4,16 @@ moving averages the actor's advantages are scaled by). docs/learning.md ("Why RL
 measured with it.
 
     .venv/bin/python tests/bench/rllib_dreamer_actor.py [--env-steps 6000] [--seed 0] [--runners 0] [--paper-scale]
+        [--soft-continue]
 
 The settings are cartpole-dreamer's as the adapter passes them (``model_size="mini"``, ``training_ratio=256``, B x T 16
 x 64, ``rollout_fragment_length=4``: one update per 4 env steps). ``--paper-scale`` replaces RLlib's scaling of the
 advantages, ``(R - v) / clamp(S, min=1e-8)``, by the paper's ``(R - v) / max(1, S)`` (eq. 12), the rest of RLlib's
-learner unchanged. One JSON line per point of at least 500 env steps. Learning runs in this process, on one core.
+learner unchanged. ``--soft-continue`` makes RLlib's imagination weigh each dreamed step by the continue head's
+probability, as crossrl's core does, where RLlib (as the authors' code) takes the head's mode (``p > 0.5``): a
+dreamed episode then ends only where the world model is sure of it. ``actor_sync_gap`` is the largest difference
+between the actor weights the (local) env runner acts with and the learner's. One JSON line per point of at least 500
+env steps. Learning runs in this process, on one core.
 """
 
 from __future__ import annotations
@@ -46,12 +51,42 @@ def paper_scale() -> None:
     DreamerV3TorchLearner._compute_scaled_value_targets = scaled  # type: ignore[method-assign]
 
 
+def soft_continue() -> None:
+    """Patch RLlib's continue predictor to return the continue probability where it returns ``p > 0.5``.
+
+    Only imagination reads that first output (the world model's loss reads the Bernoulli it returns beside it).
+    """
+    import torch
+    from ray.rllib.algorithms.dreamerv3.torch.models.components.continue_predictor import ContinuePredictor
+
+    def forward(self: Any, h: Any, z: Any, return_distribution: bool = False) -> Any:
+        logits = self.mlp(torch.cat([h, z.reshape(z.shape[0], -1)], dim=-1)).squeeze(dim=-1)
+        bernoulli = torch.distributions.Bernoulli(logits=logits)
+        return (bernoulli.probs, bernoulli) if return_distribution else bernoulli.probs
+
+    ContinuePredictor.forward = forward  # type: ignore[method-assign]
+
+
+def actor_sync_gap(algo: Any) -> float:
+    """The largest difference between the actor weights the env runner acts with and the learner's (0: in sync).
+
+    NaN with remote env runners (``--runners`` > 0): the local env runner then does not act."""
+    if algo.env_runner is None or algo.env_runner.module is None:
+        return float("nan")
+    acting = algo.env_runner.module.state_dict()
+    learned = algo.learner_group._learner.module["default_policy"].state_dict()
+    return max(
+        float((acting[k] - learned[k]).abs().max()) for k in acting if k.startswith("actor.mlp") and k in learned
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env-steps", type=int, default=6000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runners", type=int, default=0, help="remote env runners (0: RLlib's default for DreamerV3)")
     parser.add_argument("--paper-scale", action="store_true", help="advantages / max(1, S), the paper's eq. 12")
+    parser.add_argument("--soft-continue", action="store_true", help="imagination weighs steps by P(continue)")
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -62,6 +97,8 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.paper_scale:
         paper_scale()
+    if args.soft_continue:
+        soft_continue()
     ray.init(num_cpus=1 + args.runners, include_dashboard=False, log_to_driver=False,
              _temp_dir=tempfile.mkdtemp(prefix="ray-"))  # fmt: skip
     config = (
@@ -90,6 +127,10 @@ def main() -> None:
                 "actor_entropy": stats.get("ACTOR_action_entropy"),
                 "returns_pct5": stats.get("ACTOR_value_targets_pct5_ema"),
                 "returns_pct95": stats.get("ACTOR_value_targets_pct95_ema"),
+                "continue_loss": stats.get("WORLD_MODEL_L_continue"),
+                "actor_grad_norm": stats.get("ACTOR_gradients_global_norm"),
+                "actor_reinforce": stats.get("ACTOR_L_neglogp_reinforce_term"),
+                "actor_sync_gap": actor_sync_gap(algo),
             }
             print(json.dumps({k: round(float(v), 4) if v is not None else None for k, v in row.items()}), flush=True)
             if steps >= args.env_steps:
