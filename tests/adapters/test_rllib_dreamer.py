@@ -166,6 +166,25 @@ def test_rllibs_actor_divides_advantages_by_the_return_range_without_the_papers_
     assert float(advantages.max()) > 50 * float(targets.max())
 
 
+def test_rllibs_imagination_ends_a_dreamed_episode_only_where_the_continue_head_is_sure() -> None:
+    """RLlib 2.60's continue predictor gives imagination its mode (``p > 0.5``, as the authors' code does), where
+    crossrl's core and TorchRL's ``DreamerV3ActorLoss`` weigh each dreamed step by the probability: a dreamed step the
+    continue head gives a 40 % chance of ending is read as "continues" by RLlib. docs/fairness.md and docs/learning.md rest on this."""
+    import torch
+    from ray.rllib.algorithms.dreamerv3.torch.models.components.continue_predictor import ContinuePredictor
+
+    head = ContinuePredictor(input_size=8 + 4 * 4, model_size="nano")
+    last = [m for m in head.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():
+        for p in head.parameters():
+            p.zero_()
+        last.bias.fill_(float(torch.logit(torch.tensor(0.6))))  # P(continue) = 0.6 everywhere
+    h, z = torch.zeros(3, 8), torch.zeros(3, 4, 4)
+    imagined, bernoulli = head(h=h, z=z, return_distribution=True)
+    assert torch.allclose(bernoulli.probs, torch.full((3,), 0.6))
+    assert imagined.dtype == torch.bool and bool(imagined.all())  # 0.6 read as 1, not weighed as 0.6
+
+
 def test_rllibs_dreamer_stats_come_under_the_names_the_other_engines_use() -> None:
     """The world model's terms and the returns' scale, as crossrl's core and TorchRL's adapter report them, so the
     three engines' DreamerV3 diagnostics sit side by side in the MLflow UI; a missing stat is left out, not zero."""
