@@ -80,6 +80,46 @@ def actor_sync_gap(algo: Any) -> float:
     )
 
 
+def open_loop(algo: Any, *, start: int = 4, steps: int = 8, windows: int = 256) -> dict[str, float]:
+    """How well RLlib's world model predicts the real env's next observations from the actions taken, against the
+    same actions flipped (CartPole's 2 actions: push left / right).
+
+    Replayed windows through RLlib's own ``forward_train`` (posterior states), then from step ``start`` its prior
+    rolled ``steps`` steps with the taken actions, and again with each action flipped, the decoded observations
+    against the real ones (symlog space, mean squared error over the velocity dimensions the action moves: cart
+    velocity and pole angular velocity). A world model that knows what an action does is further off with the
+    flipped actions; one that ignores them is as far off either way.
+    """
+    import numpy as np
+    import torch
+    from ray.rllib.utils.torch_utils import symlog
+
+    model = algo.learner_group._learner.module["default_policy"].unwrapped().dreamer_model.world_model
+    batch = algo.replay_buffer.sample(batch_size_B=windows, batch_length_T=start + steps + 1)
+    obs = torch.as_tensor(np.asarray(batch["obs"]), dtype=torch.float32)
+    ints = torch.as_tensor(np.asarray(batch["actions"]), dtype=torch.int64)
+    first = torch.as_tensor(np.asarray(batch["is_first"]), dtype=torch.float32)
+    keep = first[:, 1:].sum(-1) == 0  # rows with no episode start after the window's first step
+    model.batch_length_T = obs.shape[1]
+    errors = {}
+    with torch.no_grad():
+        out = model.forward_train(obs, torch.nn.functional.one_hot(ints, 2).float(), first)
+        h = out["h_states_BxT"].reshape(windows, obs.shape[1], -1)[:, start]
+        z = out["z_posterior_states_BxT"].reshape((windows, obs.shape[1]) + out["z_posterior_states_BxT"].shape[1:])
+        z = z[:, start]
+        for name, acts in (("taken", ints), ("flipped", 1 - ints)):
+            hk, zk, err = h, z, []
+            for k in range(steps):
+                a = torch.nn.functional.one_hot(acts[:, start + k], 2).float()
+                hk = model.sequence_model(a=a, h=hk, z=zk)
+                zk = model.dynamics_predictor(h=hk)
+                predicted = model.decoder(h=hk, z=zk)
+                real = symlog(obs[:, start + k + 1])
+                err.append(((predicted - real)[:, [1, 3]] ** 2).mean(-1))
+            errors[name] = float(torch.stack(err, 1)[keep].mean())
+    return {"open_loop_mse_taken": errors["taken"], "open_loop_mse_flipped": errors["flipped"], "rows": int(keep.sum())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env-steps", type=int, default=6000)
@@ -87,6 +127,7 @@ def main() -> None:
     parser.add_argument("--runners", type=int, default=0, help="remote env runners (0: RLlib's default for DreamerV3)")
     parser.add_argument("--paper-scale", action="store_true", help="advantages / max(1, S), the paper's eq. 12")
     parser.add_argument("--soft-continue", action="store_true", help="imagination weighs steps by P(continue)")
+    parser.add_argument("--open-loop", action="store_true", help="at the end: the world model's open-loop errors")
     args = parser.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -134,6 +175,8 @@ def main() -> None:
             }
             print(json.dumps({k: round(float(v), 4) if v is not None else None for k, v in row.items()}), flush=True)
             if steps >= args.env_steps:
+                if args.open_loop:
+                    print(json.dumps(open_loop(algo)), flush=True)
                 break
     finally:
         algo.stop()

@@ -14,7 +14,7 @@ import pytest
 
 from crossrl.adapters.base import ListSink
 from crossrl.adapters.torchrl.adapter import TorchrlAdapter, frames_per_batch
-from crossrl.measure.fidelity import CONFIGS_ENV
+from crossrl.measure.fidelity import CONFIGS_ENV, torchrl_dreamer
 from crossrl.measure.fidelity.torchrl_loop import TorchrlNativeLoop
 from crossrl.scenarios import metrics as M
 from crossrl.scenarios.spec import ScenarioSpec, Trial
@@ -89,6 +89,8 @@ def test_the_native_dreamer_loop_trains_on_the_adapters_stored_settings(
     assert stored["learning_starts_env_steps"] == B * T and stored["training_ratio"] == RATIO
     trial = make_trial(env_steps=BUDGET)
     sink = ListSink(trial)
+    beats: list[int] = []
+    monkeypatch.setattr(torchrl_dreamer, "beat", lambda: beats.append(1))
     TorchrlNativeLoop().run(trial, sink)
 
     kinds = [m["kind"] for m in sink.messages]
@@ -130,6 +132,9 @@ def test_the_native_dreamer_loop_trains_on_the_adapters_stored_settings(
     at_points = [updates[int(s) // fpb - 1] for s in steps]
     assert at_points == [110, 135]  # one update per 4 env steps from the 64th
     assert [p[M.DIAG_UPDATES] for p in points] == at_points
+    # the stall watchdog hears from every update, not only from each point: the first batch past learning_starts owes the
+    # updates of every env step stored so far at once (a native trial ended FAILED as stalled in that catch-up)
+    assert len(beats) >= at_points[-1] + len(points)
     assert [p[M.ENV_STEPS_TRAINED] for p in points] == [B * T * n for n in at_points]
     assert [p[M.DIAG_REPLAY_SIZE] for p in points] == [min(s, BUFFER) for s in steps]
     for point in points:
