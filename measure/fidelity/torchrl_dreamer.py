@@ -543,7 +543,7 @@ def run_dreamer(trial: Trial, sink: MetricSink, stored: Mapping[str, Any], where
                 n_updates = schedule(sampled)
                 for _ in range(n_updates):
                     stats.append(update())
-                    beat()  # the first batch past learning_starts owes the updates of every step stored: minutes when loaded
+                    beat()  # the first batch past learning_starts owes every stored step's updates: minutes
             updates += n_updates
             trained += n_updates * replayed
             t2 = time.perf_counter()

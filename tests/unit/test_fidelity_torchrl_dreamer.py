@@ -132,8 +132,8 @@ def test_the_native_dreamer_loop_trains_on_the_adapters_stored_settings(
     at_points = [updates[int(s) // fpb - 1] for s in steps]
     assert at_points == [110, 135]  # one update per 4 env steps from the 64th
     assert [p[M.DIAG_UPDATES] for p in points] == at_points
-    # the stall watchdog hears from every update, not only from each point: the first batch past learning_starts owes the
-    # updates of every env step stored so far at once (a native trial ended FAILED as stalled in that catch-up)
+    # the stall watchdog hears from every update, not only from each point: the first batch past learning_starts
+    # owes the updates of every env step stored so far (a native trial ended FAILED as stalled in that catch-up)
     assert len(beats) >= at_points[-1] + len(points)
     assert [p[M.ENV_STEPS_TRAINED] for p in points] == [B * T * n for n in at_points]
     assert [p[M.DIAG_REPLAY_SIZE] for p in points] == [min(s, BUFFER) for s in steps]
