@@ -169,7 +169,8 @@ def test_rllibs_actor_divides_advantages_by_the_return_range_without_the_papers_
 def test_rllibs_imagination_ends_a_dreamed_episode_only_where_the_continue_head_is_sure() -> None:
     """RLlib 2.60's continue predictor gives imagination its mode (``p > 0.5``, as the authors' code does), where
     crossrl's core and TorchRL's ``DreamerV3ActorLoss`` weigh each dreamed step by the probability: a dreamed step the
-    continue head gives a 40 % chance of ending is read as "continues" by RLlib. docs/fairness.md and docs/learning.md rest on this."""
+    continue head gives a 40 % chance of ending is read as "continues" by RLlib. docs/fairness.md and docs/learning.md
+    rest on this."""
     import torch
     from ray.rllib.algorithms.dreamerv3.torch.models.components.continue_predictor import ContinuePredictor
 

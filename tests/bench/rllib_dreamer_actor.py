@@ -104,9 +104,7 @@ def open_loop(algo: Any, *, start: int = 4, steps: int = 8, windows: int = 256) 
     errors = {}
     with torch.no_grad():
         out = model.forward_train(obs, torch.nn.functional.one_hot(ints, 2).float(), first)
-        h = out["h_states_BxT"].reshape(windows, obs.shape[1], -1)[:, start]
-        z = out["z_posterior_states_BxT"].reshape((windows, obs.shape[1]) + out["z_posterior_states_BxT"].shape[1:])
-        z = z[:, start]
+        h, z = (out[k].unflatten(0, obs.shape[:2])[:, start] for k in ("h_states_BxT", "z_posterior_states_BxT"))
         for name, acts in (("taken", ints), ("flipped", 1 - ints)):
             hk, zk, err = h, z, []
             for k in range(steps):
